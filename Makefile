@@ -1,0 +1,44 @@
+# The one task-runner file: the README and .ci/run call these targets.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TASK ?= cartpole-balance
+
+.PHONY: help install demo test lint typecheck proto bench clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed  ## create .venv and install the project with its dev tools
+
+demo: install  ## the main job: serve TASK's evaluator and drive it with the gym client
+	$(BIN)/ale-evaluator demo --task $(TASK)
+
+test: install  ## the whole test suite, lint and type checks included
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/pytest
+
+lint: install  ## ruff only
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+typecheck: install  ## mypy only
+	$(BIN)/mypy
+
+proto: install  ## regenerate ale/env/v1 from proto/ (tests fail when it is stale)
+	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. --pyi_out=. proto/ale/env/v1/env.proto
+
+bench: install  ## evaluator throughput benchmark; writes bench/results/evaluator.json
+	$(BIN)/python bench/evaluator_bench.py --out bench/results/evaluator.json
+
+clean:  ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

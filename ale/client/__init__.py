@@ -1,0 +1,15 @@
+"""The agent's client: gymnasium environments over the evaluator's agent endpoint.
+
+Importable inside the sandbox (it needs grpcio, numpy and gymnasium only)::
+
+    from ale.client import RemoteEnv, RemoteVectorEnv
+    env = RemoteEnv("unix:/ale/evaluator.sock")            # one copy, autoreset disabled
+    venv = RemoteVectorEnv("unix:/ale/evaluator.sock", num_envs=64)   # SAME_STEP autoreset
+
+An interactive-mode policy is handed an eval-session handle instead
+(``ALE_ENV_ID``) and attaches to it with ``RemoteEnv(target, env_id=handle)``.
+"""
+
+from ale.client._remote import AleEnvClient, AleEnvError, RemoteEnv, RemoteVectorEnv
+
+__all__ = ["AleEnvClient", "AleEnvError", "RemoteEnv", "RemoteVectorEnv"]

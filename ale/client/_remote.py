@@ -1,0 +1,184 @@
+"""gRPC stub wrapper and the gymnasium environments built on it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from ale.env.v1 import env_pb2 as pb
+from ale.env.v1 import env_pb2_grpc
+from ale.protocol import MAX_MESSAGE_BYTES, decode_space, decode_tensor, encode_tensor
+
+
+class AleEnvError(RuntimeError):
+    """The evaluator refused a call; ``code`` is the gRPC status code, the text its reason."""
+
+    def __init__(self, method: str, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{method}: {code.name}: {details}")
+        self.method, self.code, self.details = method, code, details
+
+
+class AleEnvClient:
+    """Thin, typed access to the eight RPCs with errors raised as :class:`AleEnvError`."""
+
+    def __init__(self, target: str, *, timeout: float | None = 120.0, channel: grpc.Channel | None = None) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._own_channel = channel is None
+        self.channel = channel or grpc.insecure_channel(
+            target,
+            options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ],
+        )
+        self._stub = env_pb2_grpc.AleEnvStub(self.channel)
+
+    def _call(self, method: str, request: Any) -> Any:
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            raise AleEnvError(method, exc.code(), exc.details() or "") from None
+
+    def create_env(self, **kw: Any) -> pb.CreateEnvResponse:
+        return self._call("CreateEnv", pb.CreateEnvRequest(**kw))
+
+    def get_spec(self, env_id: str = "") -> pb.EnvSpec:
+        return self._call("GetSpec", pb.GetSpecRequest(env_id=env_id)).spec
+
+    def reset(self, env_id: str, seed: int | None = None) -> pb.ResetResponse:
+        req = pb.ResetRequest(env_id=env_id)
+        if seed is not None:
+            req.seed = seed
+        return self._call("Reset", req)
+
+    def step(self, env_id: str, action: np.ndarray) -> pb.StepResponse:
+        req = pb.StepRequest(env_id=env_id)
+        encode_tensor(action, req.action)
+        return self._call("Step", req)
+
+    def start_eval_session(self, env_id: str, num_episodes: int = 0) -> pb.StartEvalSessionResponse:
+        return self._call("StartEvalSession", pb.StartEvalSessionRequest(env_id=env_id, num_episodes=num_episodes))
+
+    def get_eval_result(self, session_id: str, *, finalize: bool = False) -> pb.EvalResult:
+        return self._call("GetEvalResult", pb.GetEvalResultRequest(session_id=session_id, finalize=finalize)).result
+
+    def submit_batch_eval(self, policy: bytes, *, official: bool = False, num_episodes: int = 0,
+                          seed: int = 0) -> pb.SubmitBatchEvalResponse:
+        return self._call(
+            "SubmitBatchEval",
+            pb.SubmitBatchEvalRequest(policy=policy, official=official, num_episodes=num_episodes, seed=seed),
+        )
+
+    def get_batch_eval_status(self, batch_id: str) -> pb.GetBatchEvalStatusResponse:
+        return self._call("GetBatchEvalStatus", pb.GetBatchEvalStatusRequest(batch_id=batch_id))
+
+    def close(self) -> None:
+        if self._own_channel:
+            self.channel.close()
+
+
+def _action_array(space: gym.Space, actions: Any, k: int) -> np.ndarray:
+    if isinstance(space, gym.spaces.Discrete):
+        return np.asarray(actions, dtype=np.int64).reshape(k)
+    arr = np.asarray(actions)
+    dtype = arr.dtype if arr.dtype.kind == "f" else space.dtype
+    return arr.astype(dtype, copy=False).reshape((k, *space.shape))
+
+
+class RemoteEnv(gym.Env):
+    """One environment copy on the evaluator, as a ``gymnasium.Env``.
+
+    Autoreset is disabled: after an episode ends, call :meth:`reset`. ``info``
+    carries ``cost`` (safety events this step) and, inside an eval session,
+    ``eval`` (session progress).
+    """
+
+    metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
+
+    def __init__(self, target: str, *, env_id: str | None = None, task_id: str = "",
+                 client: AleEnvClient | None = None) -> None:
+        self.client = client or AleEnvClient(target)
+        if env_id is None:
+            created = self.client.create_env(task_id=task_id, num_envs=1)
+            env_id, spec = created.env_id, created.spec
+        else:
+            spec = self.client.get_spec(env_id)
+        if spec.num_envs != 1:
+            raise ValueError(f"environment {env_id} has {spec.num_envs} copies; use RemoteVectorEnv")
+        self.env_id = env_id
+        self.spec_message = spec
+        self.observation_space = decode_space(spec.observation_space)
+        self.action_space = decode_space(spec.action_space)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        super().reset(seed=seed)
+        reply = self.client.reset(self.env_id, seed)
+        info: dict[str, Any] = {}
+        if reply.HasField("eval"):
+            info["eval"] = {"episode_index": reply.eval.episode_index, "num_episodes": reply.eval.num_episodes}
+        return decode_tensor(reply.observation, what="observation")[0], info
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        reply = self.client.step(self.env_id, _action_array(self.action_space, action, 1))
+        obs = decode_tensor(reply.observation, what="observation")[0]
+        reward = float(decode_tensor(reply.reward)[0])
+        terminated = bool(decode_tensor(reply.terminated)[0])
+        truncated = bool(decode_tensor(reply.truncated)[0])
+        info: dict[str, Any] = {"cost": int(decode_tensor(reply.cost)[0])}
+        return obs, reward, terminated, truncated, info
+
+    def close(self) -> None:
+        self.client.close()
+        super().close()
+
+
+class RemoteVectorEnv(VectorEnv):
+    """K copies on the evaluator stepped with one RPC, with gymnasium's SAME_STEP autoreset.
+
+    ``infos["final_obs"]`` (masked by ``infos["_final_obs"]``) holds the last
+    observation of copies whose episode ended in this step; their row of the
+    returned observation already starts the next episode.
+    """
+
+    metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}  # noqa: RUF012
+
+    def __init__(self, target: str, num_envs: int, *, task_id: str = "", client: AleEnvClient | None = None) -> None:
+        self.client = client or AleEnvClient(target)
+        created = self.client.create_env(
+            task_id=task_id, num_envs=num_envs, autoreset_mode=pb.AUTORESET_MODE_SAME_STEP
+        )
+        self.env_id = created.env_id
+        self.num_envs = num_envs
+        self.single_observation_space = decode_space(created.spec.observation_space)
+        self.single_action_space = decode_space(created.spec.action_space)
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if isinstance(seed, list):
+            raise ValueError("RemoteVectorEnv seeds copy i with seed + i; pass one int")
+        super().reset(seed=seed)
+        reply = self.client.reset(self.env_id, seed)
+        return decode_tensor(reply.observation, what="observation"), {}
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        reply = self.client.step(self.env_id, _action_array(self.single_action_space, actions, self.num_envs))
+        obs = decode_tensor(reply.observation, what="observation")
+        terminated = decode_tensor(reply.terminated)
+        truncated = decode_tensor(reply.truncated)
+        done = terminated | truncated
+        infos: dict[str, Any] = {"cost": decode_tensor(reply.cost), "_cost": np.ones(self.num_envs, dtype=bool)}
+        if done.any() and reply.HasField("final_observation"):
+            infos["final_obs"] = decode_tensor(reply.final_observation, what="final_observation")
+            infos["_final_obs"] = done
+        return obs, decode_tensor(reply.reward), terminated, truncated, infos
+
+    def close_extras(self, **kwargs: Any) -> None:
+        self.client.close()

@@ -1,0 +1,1 @@
+"""The gym-over-gRPC protocol package ale.env.v1."""

@@ -1,0 +1,250 @@
+"""Declarative policy artifacts (``ale-policy/v1``) for batch-mode evaluation.
+
+A policy artifact is a `safetensors <https://github.com/huggingface/safetensors>`_
+file: named little-endian tensors plus a ``__metadata__`` entry ``ale-policy``
+holding a JSON architecture description. Nothing is unpickled and nothing
+executes: the evaluator builds a feed-forward network from the description and
+runs it in-process. docs/policy-format.md is the reference.
+
+Architecture JSON::
+
+    {"format": "ale-policy/v1",
+     "observation_dim": 11,
+     "normalizer": {"mean": "obs_mean", "std": "obs_std", "clip": 10.0},   # or null
+     "layers": [{"weight": "w0", "bias": "b0", "activation": "tanh"}, ...],
+     "output": {"kind": "box", "squash": "clip"}}    # or "tanh", or {"kind": "discrete"}
+
+Layer ``k`` computes ``activation(W_k @ x + b_k)`` with ``W_k`` of shape
+``[out, in]``. A linear policy is one layer with ``"identity"``. Box outputs
+are clipped to the action bounds (``clip``) or mapped into them with
+``low + (tanh(y) + 1) / 2 * (high - low)`` (``tanh``); a discrete output is
+the arg-max (first on ties) plus the space's ``start``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+import safetensors.numpy
+
+from ale.core.parse import ParseError, structure
+
+POLICY_FORMAT = "ale-policy/v1"
+METADATA_KEY = "ale-policy"
+MAX_POLICY_BYTES = 8 * 1024 * 1024
+MAX_LAYERS = 8
+MAX_WIDTH = 1024
+MAX_PARAMETERS = 2_000_000
+
+Activation = Literal["identity", "tanh", "relu"]
+
+
+class PolicyError(ValueError):
+    """An artifact that is not a valid ale-policy/v1 policy; the text says why."""
+
+
+@attrs.frozen
+class Normalizer:
+    mean: str
+    std: str
+    clip: float
+
+
+@attrs.frozen
+class Layer:
+    weight: str
+    bias: str
+    activation: Activation = attrs.field(validator=attrs.validators.in_(("identity", "tanh", "relu")))
+
+
+@attrs.frozen
+class Output:
+    kind: Literal["box", "discrete"] = attrs.field(validator=attrs.validators.in_(("box", "discrete")))
+    squash: Literal["clip", "tanh"] | None = None
+
+
+@attrs.frozen
+class Architecture:
+    format: str = attrs.field(validator=attrs.validators.in_((POLICY_FORMAT,)))
+    observation_dim: int
+    normalizer: Normalizer | None
+    layers: tuple[Layer, ...]
+    output: Output
+
+
+def _activate(x: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "tanh":
+        return np.tanh(x)
+    if kind == "relu":
+        return np.maximum(x, 0.0)
+    return x
+
+
+@attrs.frozen(eq=False)
+class Policy:
+    """A loaded feed-forward policy; :meth:`act` maps observations to actions."""
+
+    architecture: Architecture
+    weights: tuple[tuple[np.ndarray, np.ndarray, str], ...]
+    mean: np.ndarray | None
+    std: np.ndarray | None
+
+    @property
+    def output_dim(self) -> int:
+        return int(self.weights[-1][0].shape[0])
+
+    def forward(self, obs: np.ndarray) -> np.ndarray:
+        """Raw network output for a batch ``[B, observation_dim]`` (float64)."""
+        x = np.asarray(obs, dtype=np.float64)
+        if self.mean is not None and self.std is not None and self.architecture.normalizer is not None:
+            c = self.architecture.normalizer.clip
+            x = np.clip((x - self.mean) / self.std, -c, c)
+        for w, b, act in self.weights:
+            x = _activate(x @ w.T + b, act)
+        return x
+
+    def act(self, obs: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None,
+            start: int = 0) -> np.ndarray:
+        """Actions for a batch of observations; ``low``/``high`` bound box outputs."""
+        y = self.forward(obs)
+        out = self.architecture.output
+        if out.kind == "discrete":
+            return (np.argmax(y, axis=-1) + start).astype(np.int64)
+        if low is None or high is None:
+            raise PolicyError("a box policy needs the action bounds")
+        if out.squash == "tanh":
+            return low + (np.tanh(y) + 1.0) / 2.0 * (high - low)
+        return np.clip(y, low, high)
+
+
+def _read_metadata(raw: bytes) -> dict[str, str]:
+    if len(raw) < 8:
+        raise PolicyError("too short to be a safetensors file")
+    (header_len,) = struct.unpack("<Q", raw[:8])
+    if header_len > min(len(raw) - 8, 1 << 20):
+        raise PolicyError("safetensors header length is out of range")
+    try:
+        header = json.loads(raw[8 : 8 + header_len])
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise PolicyError("safetensors header is not JSON") from None
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    if not isinstance(meta, dict) or METADATA_KEY not in meta:
+        raise PolicyError(f"no {METADATA_KEY!r} entry in the safetensors __metadata__")
+    return meta
+
+
+def load_policy(raw: bytes, *, max_bytes: int = MAX_POLICY_BYTES) -> Policy:
+    """Parse and check an artifact; raise PolicyError with the reason on anything wrong."""
+    if len(raw) > max_bytes:
+        raise PolicyError(f"policy artifact is {len(raw)} bytes; the limit is {max_bytes}")
+    meta = _read_metadata(raw)
+    try:
+        arch = structure(json.loads(meta[METADATA_KEY]), Architecture, what="policy architecture")
+    except json.JSONDecodeError:
+        raise PolicyError("policy architecture is not JSON") from None
+    except ParseError as exc:
+        raise PolicyError(str(exc)) from None
+    try:
+        tensors = safetensors.numpy.load(raw)
+    except Exception as exc:  # the library raises several types for a corrupt file
+        raise PolicyError(f"not a valid safetensors file: {exc}") from None
+    return _build(arch, tensors)
+
+
+def _tensor(tensors: Mapping[str, np.ndarray], name: str, ndim: int) -> np.ndarray:
+    if name not in tensors:
+        raise PolicyError(f"tensor {name!r} is named in the architecture but missing")
+    t = tensors[name]
+    if t.dtype not in (np.float32, np.float64):
+        raise PolicyError(f"tensor {name!r} is {t.dtype}; only float32 and float64 are allowed")
+    if t.ndim != ndim:
+        raise PolicyError(f"tensor {name!r} has {t.ndim} dimensions, expected {ndim}")
+    if not np.all(np.isfinite(t)):
+        raise PolicyError(f"tensor {name!r} holds NaN or infinity")
+    return t.astype(np.float64)
+
+
+def _build(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> Policy:
+    if not 1 <= arch.observation_dim <= MAX_WIDTH:
+        raise PolicyError(f"observation_dim must be 1..{MAX_WIDTH}")
+    if not 1 <= len(arch.layers) <= MAX_LAYERS:
+        raise PolicyError(f"a policy has 1..{MAX_LAYERS} layers, not {len(arch.layers)}")
+    if arch.output.kind == "box" and arch.output.squash not in ("clip", "tanh"):
+        raise PolicyError('a box output needs "squash": "clip" or "tanh"')
+    if arch.output.kind == "discrete" and arch.output.squash is not None:
+        raise PolicyError("a discrete output takes no squash")
+    mean = std = None
+    if arch.normalizer is not None:
+        if not (math.isfinite(arch.normalizer.clip) and arch.normalizer.clip > 0):
+            raise PolicyError("normalizer clip must be a finite positive number")
+        mean = _tensor(tensors, arch.normalizer.mean, 1)
+        std = _tensor(tensors, arch.normalizer.std, 1)
+        if mean.shape != (arch.observation_dim,) or std.shape != (arch.observation_dim,):
+            raise PolicyError("normalizer mean and std must have shape [observation_dim]")
+        if np.any(std <= 0):
+            raise PolicyError("normalizer std must be positive")
+    layers = []
+    width, params = arch.observation_dim, 0
+    for i, layer in enumerate(arch.layers):
+        w = _tensor(tensors, layer.weight, 2)
+        b = _tensor(tensors, layer.bias, 1)
+        if w.shape[1] != width:
+            raise PolicyError(f"layer {i}: weight takes {w.shape[1]} inputs, the previous layer gives {width}")
+        if not 1 <= w.shape[0] <= MAX_WIDTH or b.shape != (w.shape[0],):
+            raise PolicyError(f"layer {i}: weight {list(w.shape)} and bias {list(b.shape)} do not fit")
+        width = int(w.shape[0])
+        params += w.size + b.size
+        layers.append((w, b, layer.activation))
+    if params > MAX_PARAMETERS:
+        raise PolicyError(f"{params} parameters exceeds the limit of {MAX_PARAMETERS}")
+    used = {n for layer in arch.layers for n in (layer.weight, layer.bias)}
+    if arch.normalizer is not None:
+        used |= {arch.normalizer.mean, arch.normalizer.std}
+    extra = sorted(set(tensors) - used)
+    if extra:
+        raise PolicyError(f"tensors not used by the architecture: {', '.join(extra[:5])}")
+    return Policy(architecture=arch, weights=tuple(layers), mean=mean, std=std)
+
+
+def save_policy(
+    layers: Sequence[tuple[np.ndarray, np.ndarray, str]],
+    *,
+    output: Literal["clip", "tanh", "discrete"],
+    normalizer: tuple[np.ndarray, np.ndarray, float] | None = None,
+) -> bytes:
+    """Write an artifact from ``(weight [out, in], bias [out], activation)`` layers."""
+    tensors: dict[str, np.ndarray] = {}
+    arch_layers: list[dict[str, Any]] = []
+    for i, (w, b, act) in enumerate(layers):
+        tensors[f"layer{i}.weight"] = np.ascontiguousarray(w, dtype=np.float64)
+        tensors[f"layer{i}.bias"] = np.ascontiguousarray(b, dtype=np.float64)
+        arch_layers.append({"weight": f"layer{i}.weight", "bias": f"layer{i}.bias", "activation": act})
+    arch: dict[str, Any] = {
+        "format": POLICY_FORMAT,
+        "observation_dim": int(np.shape(layers[0][0])[1]),
+        "normalizer": None,
+        "layers": arch_layers,
+        "output": {"kind": "discrete"} if output == "discrete" else {"kind": "box", "squash": output},
+    }
+    if normalizer is not None:
+        mean, std, clip = normalizer
+        tensors["obs_mean"] = np.ascontiguousarray(mean, dtype=np.float64)
+        tensors["obs_std"] = np.ascontiguousarray(std, dtype=np.float64)
+        arch["normalizer"] = {"mean": "obs_mean", "std": "obs_std", "clip": float(clip)}
+    raw = safetensors.numpy.save(tensors, metadata={METADATA_KEY: json.dumps(arch, sort_keys=True)})
+    load_policy(raw)  # never hand out an artifact the evaluator would refuse
+    return raw
+
+
+def linear_policy(weight: np.ndarray, bias: np.ndarray | None = None, *,
+                  output: Literal["clip", "tanh", "discrete"] = "clip") -> bytes:
+    """A one-layer (linear) policy artifact."""
+    w = np.atleast_2d(np.asarray(weight, dtype=np.float64))
+    b = np.zeros(w.shape[0]) if bias is None else np.asarray(bias, dtype=np.float64)
+    return save_policy([(w, b, "identity")], output=output)

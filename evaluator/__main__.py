@@ -1,0 +1,5 @@
+import sys
+
+from ale_evaluator.cli import main
+
+sys.exit(main())

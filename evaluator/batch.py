@@ -1,0 +1,131 @@
+"""Batch-mode evaluation: a declarative policy run in-process, episode by episode.
+
+The evaluator never executes agent code: the artifact is data that
+:mod:`ale.policy` turns into a feed-forward network. Jobs run one at a time on
+a worker thread; progress and the result are read through the service.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import attrs
+import gymnasium as gym
+import numpy as np
+
+from ale.catalog import Task
+from ale.env.v1 import env_pb2 as pb
+from ale.policy import Policy, PolicyError
+from ale_evaluator import episodes
+from ale_evaluator.domains import Domain
+from ale_evaluator.envs import make_env
+from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
+
+log = logging.getLogger(__name__)
+
+
+def check_policy_fits(policy: Policy, task: Task) -> None:
+    """Raise PolicyError unless the policy's input and output fit the task's spaces."""
+    env = make_env(task)
+    try:
+        obs_space, act_space = env.observation_space, env.action_space
+    finally:
+        env.close()
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) != 1:
+        raise PolicyError("batch policies need a flat Box observation space")
+    if policy.architecture.observation_dim != obs_space.shape[0]:
+        raise PolicyError(
+            f"policy takes {policy.architecture.observation_dim} observations; the task gives {obs_space.shape[0]}"
+        )
+    kind = policy.architecture.output.kind
+    if isinstance(act_space, gym.spaces.Discrete):
+        if kind != "discrete" or policy.output_dim != act_space.n:
+            raise PolicyError(f"the task's actions are Discrete({act_space.n}): the policy needs {act_space.n} outputs")
+    elif isinstance(act_space, gym.spaces.Box):
+        if kind != "box" or policy.output_dim != int(np.prod(act_space.shape)):
+            raise PolicyError(f"the task's actions are a Box of shape {list(act_space.shape)}: use a box output of that size")
+
+
+@attrs.define(eq=False)
+class BatchJob:
+    batch_id: str
+    task: Task
+    domain: Domain
+    policy: Policy
+    num_episodes: int
+    official: bool
+    owner: str
+    config: RunConfig
+    base_seed: int = 0
+    state: int = pb.BATCH_STATE_PENDING
+    error: str = ""
+    records: list[episodes.EpisodeRecord] = attrs.Factory(list)
+    cancel: threading.Event = attrs.Factory(threading.Event)
+
+    def seed(self, index: int) -> int:
+        if self.official:
+            return hidden_seed(self.config, self.task.spec.id, index)
+        return (self.base_seed + index) % (1 << 64)
+
+    def run(self) -> None:
+        """Run every episode; called on the worker thread."""
+        self.state = pb.BATCH_STATE_RUNNING
+        try:
+            env = make_env(self.task)
+        except Exception:  # pragma: no cover - the task's own environment failed to build
+            log.exception("batch %s: could not build the environment", self.batch_id)
+            self.error, self.state = "the evaluator could not build the environment", pb.BATCH_STATE_FAILED
+            return
+        try:
+            for index in range(self.num_episodes):
+                if self.cancel.is_set():
+                    self.error, self.state = "cancelled: the evaluator is shutting down", pb.BATCH_STATE_FAILED
+                    return
+                self.records.append(self._episode(env, index))
+            self.state = pb.BATCH_STATE_DONE
+        except Exception:
+            log.exception("batch %s failed", self.batch_id)
+            self.error, self.state = "internal evaluator error during the batch", pb.BATCH_STATE_FAILED
+        finally:
+            env.close()
+
+    def _episode(self, env: gym.Env, index: int) -> episodes.EpisodeRecord:
+        seed = self.seed(index)
+        commit = commitment(self.config, seed)
+        obs, _ = env.reset(seed=seed)
+        meter = self.domain.meter(env)
+        space = env.action_space
+        discrete = isinstance(space, gym.spaces.Discrete)
+        low = None if discrete else space.low.astype(np.float64)
+        high = None if discrete else space.high.astype(np.float64)
+        start = int(space.start) if discrete else 0
+        while not meter.done:
+            if self.cancel.is_set():
+                return episodes.aborted(index, commit, self.domain, "session_closed", meter)
+            action = self.policy.act(obs[None, :], low, high, start)[0]
+            if not discrete:
+                if not np.all(np.isfinite(action)):
+                    return episodes.aborted(index, commit, self.domain, "policy_error", meter)
+                action = action.astype(space.dtype)
+            obs, reward, terminated, truncated, _ = env.step(int(action) if discrete else action)
+            meter.record_step(env, float(reward), terminated, truncated)
+        value, success = meter.outcome(env)
+        return episodes.finished(index, commit, meter, value, success)
+
+    def result(self, evaluator_version: str) -> pb.EvalResult:
+        spec = self.task.spec
+        return episodes.build_result(
+            records=list(self.records),
+            num_episodes=self.num_episodes,
+            domain=self.domain,
+            direction=spec.headline.direction,
+            session_id=self.batch_id,
+            run_id=self.config.run_id,
+            task_id=spec.id,
+            task_version=spec.version,
+            task_digest=self.task.digest,
+            mode="batch",
+            official=self.official,
+            evaluator_version=evaluator_version,
+        )

@@ -1,0 +1,151 @@
+"""``ale-evaluator``: serve a task's evaluator, list tasks, or run a self-contained demonstration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from ale import catalog
+from ale_evaluator import __version__
+from ale_evaluator.events import EventLog
+from ale_evaluator.seeds import RunConfig, RunConfigError
+from ale_evaluator.server import start, unix_address
+from ale_evaluator.service import EvaluatorState
+
+
+class CliError(Exception):
+    """A problem the user can fix; printed without a traceback, exit status 2."""
+
+
+def _read_run_config(args: argparse.Namespace) -> RunConfig:
+    if args.run_config_fd is not None:
+        try:
+            with os.fdopen(args.run_config_fd, "rb", closefd=True) as f:
+                raw = f.read(8192)
+        except OSError as exc:
+            raise CliError(f"cannot read the run configuration from fd {args.run_config_fd}: {exc.strerror}") from None
+    elif args.run_config_file is not None:
+        try:
+            raw = Path(args.run_config_file).read_bytes()
+        except OSError as exc:
+            raise CliError(f"cannot read the run configuration {args.run_config_file}: {exc.strerror}") from None
+    else:
+        return RunConfig.generate()
+    try:
+        return RunConfig.from_json(raw)
+    except RunConfigError as exc:
+        raise CliError(f"run configuration: {exc}") from None
+
+
+def _address(socket: str | None, address: str | None, name: str) -> str:
+    if bool(socket) == bool(address):
+        raise CliError(f"give exactly one of --{name}-socket and --{name}-address")
+    return unix_address(socket) if socket else str(address)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        task = catalog.get_task(args.task)
+    except catalog.UnknownTaskError as exc:
+        raise CliError(str(exc)) from None
+    config = _read_run_config(args)
+    events_stream = open(args.events, "a", encoding="utf-8", buffering=1) if args.events else None  # noqa: SIM115
+    state = EvaluatorState(task, config, events=EventLog(events_stream))
+    agent = _address(args.agent_socket, args.agent_address, "agent")
+    harness = _address(args.harness_socket, args.harness_address, "harness")
+    try:
+        running = start(state, agent_address=agent, harness_address=harness, workers=args.workers)
+    except (OSError, RuntimeError) as exc:
+        raise CliError(f"cannot start the evaluator: {exc}") from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    state.events.record("evaluator_ready", task_id=task.spec.id, task_version=task.spec.version, run_id=config.run_id)
+    print(
+        json.dumps(
+            {
+                "event": "ready",
+                "task": task.spec.ref,
+                "run_id": config.run_id,
+                "agent": running.agent_address,
+                "harness": running.harness_address,
+                "evaluator_version": __version__,
+            }
+        ),
+        flush=True,
+    )
+    stop.wait()
+    running.stop(grace=1.0)
+    if events_stream:
+        events_stream.close()
+    return 0
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    for task in catalog.tasks().values():
+        s = task.spec
+        print(f"{s.ref:<28} {s.genre:<13} {s.mode:<12} {s.gym_id:<20} {s.headline.metric} ({s.headline.direction})")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ale_evaluator.demo import run_demo
+
+    try:
+        task = catalog.get_task(args.task)
+    except catalog.UnknownTaskError as exc:
+        raise CliError(str(exc)) from None
+    with tempfile.TemporaryDirectory(prefix="ale-demo-") as tmp:
+        return run_demo(task, Path(tmp), episodes=args.episodes, out=sys.stdout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ale-evaluator", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--log-level", default="WARNING", help="Python logging level for stderr (default WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve one task on an agent and a harness endpoint")
+    serve.add_argument("--task", required=True, help="task id (see `ale-evaluator tasks`)")
+    serve.add_argument("--agent-socket", help="Unix socket path for the agent endpoint (mounted into the sandbox)")
+    serve.add_argument("--agent-address", help="gRPC address for the agent endpoint instead, e.g. 127.0.0.1:0")
+    serve.add_argument("--harness-socket", help="Unix socket path for the harness endpoint (mode 0600)")
+    serve.add_argument("--harness-address", help="gRPC address for the harness endpoint instead")
+    serve.add_argument("--run-config-fd", type=int, help='read {"run_id", "secret"} JSON from this descriptor')
+    serve.add_argument("--run-config-file", help="read the run configuration from this file")
+    serve.add_argument("--events", help="append the evaluator's JSONL event log to this file")
+    serve.add_argument("--workers", type=int, default=4, help="gRPC worker threads per endpoint (default 4)")
+    serve.set_defaults(func=cmd_serve)
+
+    tasks = sub.add_parser("tasks", help="list the installed tasks")
+    tasks.set_defaults(func=cmd_tasks)
+
+    demo = sub.add_parser("demo", help="serve a task and drive it with the gym client, end to end")
+    demo.add_argument("--task", default="cartpole-balance", help="task id (default cartpole-balance)")
+    demo.add_argument("--episodes", type=int, default=0, help="official episodes (default: the task's count)")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"ale-evaluator: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Domain metrics: what the evaluator measures, from simulator state.
+
+A domain names the task's headline metric (a mean over episodes of a
+per-episode value) and its zero-target safety metrics (event counts). Each
+copy of an environment gets an :class:`EpisodeMeter` per episode that sees
+every step; the meter's numbers are the authoritative record. An aborted
+episode contributes the domain's ``worst`` headline value, so ending an
+episode early never helps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import gymnasium as gym
+import numpy as np
+
+
+@attrs.define
+class EpisodeMeter:
+    """Accumulates one episode of one environment copy."""
+
+    domain: Domain
+    start: dict[str, float]
+    episode_return: float = 0.0
+    length: int = 0
+    safety_counts: dict[str, int] = attrs.Factory(dict)
+    terminated: bool = False
+    truncated: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+    def record_step(self, env: gym.Env, reward: float, terminated: bool, truncated: bool) -> int:
+        """Account for one step; return the number of safety events it caused."""
+        self.episode_return += float(reward)
+        self.length += 1
+        self.terminated, self.truncated = bool(terminated), bool(truncated)
+        events = self.domain.step_events(env.unwrapped, terminated)
+        cost = 0
+        for name, count in events.items():
+            if count:
+                self.safety_counts[name] += count
+                cost += count
+        return cost
+
+    def outcome(self, env: gym.Env) -> tuple[float, bool]:
+        """(headline value, success) of the finished episode."""
+        return self.domain.episode_value(self, env.unwrapped)
+
+
+@attrs.frozen
+class Domain:
+    """A task's domain metric.
+
+    ``step_events(env, terminated)`` counts safety events after a step from the
+    simulator state; ``episode_value(meter, env)`` gives the finished episode's
+    headline value and success; ``on_reset(env)`` captures what an episode's
+    value is measured from (e.g. the start position).
+    """
+
+    name: str
+    headline_metric: str
+    safety_metrics: tuple[str, ...]
+    worst: float
+    step_events: Callable[[Any, bool], dict[str, int]]
+    episode_value: Callable[[EpisodeMeter, Any], tuple[float, bool]]
+    on_reset: Callable[[Any], dict[str, float]] = lambda env: {}
+
+    def meter(self, env: gym.Env) -> EpisodeMeter:
+        return EpisodeMeter(
+            domain=self,
+            start=self.on_reset(env.unwrapped),
+            safety_counts=dict.fromkeys(self.safety_metrics, 0),
+        )
+
+
+# -- cartpole (classic control) ---------------------------------------------------------------
+
+CARTPOLE_EDGE = 2.0  # metres; the track ends at 2.4
+
+
+def _cartpole_events(env: Any, terminated: bool) -> dict[str, int]:
+    x = float(env.state[0])
+    return {"falls": int(terminated), "track_edge_steps": int(abs(x) > CARTPOLE_EDGE)}
+
+
+def _cartpole_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
+    return m.episode_return, m.truncated and not m.terminated
+
+
+# -- inverted pendulum (MuJoCo) ---------------------------------------------------------------
+
+RAIL_LIMIT = 0.9  # metres; the slider joint's range is [-1, 1]
+
+
+def _pendulum_events(env: Any, terminated: bool) -> dict[str, int]:
+    slider = float(env.data.qpos[0])
+    return {"falls": int(terminated), "rail_limit_steps": int(abs(slider) > RAIL_LIMIT)}
+
+
+def _pendulum_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
+    balanced = m.truncated and not m.terminated
+    return float(balanced), balanced
+
+
+# -- reacher (MuJoCo) -------------------------------------------------------------------------
+
+JOINT_SPEED_LIMIT = 20.0  # rad/s on either arm joint
+REACH_TOLERANCE = 0.02  # metres
+REACHER_WORST = 0.5  # metres; farther than any target can be
+
+
+def _fingertip_distance(env: Any) -> float:
+    return float(np.linalg.norm(env.get_body_com("fingertip") - env.get_body_com("target")))
+
+
+def _reacher_events(env: Any, terminated: bool) -> dict[str, int]:
+    speed = float(np.max(np.abs(env.data.qvel[:2])))
+    return {"joint_speed_violations": int(speed > JOINT_SPEED_LIMIT)}
+
+
+def _reacher_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
+    distance = _fingertip_distance(env)
+    return distance, distance < REACH_TOLERANCE
+
+
+# -- hopper (MuJoCo) --------------------------------------------------------------------------
+
+JOINT_LIMIT_MARGIN = 0.01  # radians from a hinge's range limit
+
+
+def _hopper_reset(env: Any) -> dict[str, float]:
+    return {"x": float(env.data.qpos[0])}
+
+
+def _hopper_events(env: Any, terminated: bool) -> dict[str, int]:
+    model, data = env.model, env.data
+    hit = 0
+    for j in range(model.njnt):
+        if model.jnt_limited[j] and model.jnt_type[j] == 3:  # mjJNT_HINGE
+            q = float(data.qpos[model.jnt_qposadr[j]])
+            lo, hi = model.jnt_range[j]
+            if q <= lo + JOINT_LIMIT_MARGIN or q >= hi - JOINT_LIMIT_MARGIN:
+                hit = 1
+                break
+    return {"falls": int(terminated), "joint_limit_steps": hit}
+
+
+def _hopper_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
+    distance = float(env.data.qpos[0]) - m.start["x"]
+    return distance, m.truncated and not m.terminated
+
+
+DOMAINS: dict[str, Domain] = {
+    d.name: d
+    for d in (
+        Domain("cartpole", "mean_return", ("falls", "track_edge_steps"), 0.0, _cartpole_events, _cartpole_value),
+        Domain(
+            "inverted_pendulum",
+            "success_rate",
+            ("falls", "rail_limit_steps"),
+            0.0,
+            _pendulum_events,
+            _pendulum_value,
+        ),
+        Domain(
+            "reacher", "mean_final_distance", ("joint_speed_violations",), REACHER_WORST, _reacher_events, _reacher_value
+        ),
+        Domain(
+            "hopper",
+            "mean_forward_distance",
+            ("falls", "joint_limit_steps"),
+            0.0,
+            _hopper_events,
+            _hopper_value,
+            _hopper_reset,
+        ),
+    )
+}

@@ -1,0 +1,79 @@
+"""The evaluator's own event log: JSON lines the harness turns into ``trusted_evaluator`` events.
+
+Every RPC is recorded (endpoint, method, status code, ids, duration) except
+Reset and Step on non-official environments, which are too many to record
+one by one: those are counted per environment and flushed as ``rpc_summary``
+lines at least once a second and whenever another event is written. Episode
+ends of official evaluations are recorded with their seed *commitment*. No
+line ever holds a hidden seed or the evaluator secret.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from typing import IO, Any
+
+SUMMARISED = frozenset({"Reset", "Step"})
+
+
+class EventLog:
+    def __init__(self, stream: IO[str] | None, *, flush_interval: float = 1.0) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._counts: Counter[tuple[str, str, str, str]] = Counter()
+        self._last_flush = time.monotonic()
+        self._interval = flush_interval
+
+    def _write(self, record: dict[str, Any]) -> None:
+        assert self._stream is not None
+        self._seq += 1
+        record = {"seq": self._seq, "wall_time": time.time(), "monotonic": time.monotonic(), **record}
+        self._stream.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
+
+    def _flush_counts(self) -> None:
+        for (endpoint, method, env_id, code), n in sorted(self._counts.items()):
+            self._write(
+                {"kind": "rpc_summary", "endpoint": endpoint, "method": method, "env_id": env_id, "code": code, "calls": n}
+            )
+        self._counts.clear()
+        self._last_flush = time.monotonic()
+        assert self._stream is not None
+        self._stream.flush()
+
+    def rpc(self, endpoint: str, method: str, code: str, *, summarise: bool, duration_s: float, **ids: str) -> None:
+        if self._stream is None:
+            return
+        with self._lock:
+            if summarise:
+                self._counts[(endpoint, method, ids.get("env_id", ""), code)] += 1
+                if time.monotonic() - self._last_flush >= self._interval:
+                    self._flush_counts()
+                return
+            self._write(
+                {
+                    "kind": "rpc",
+                    "endpoint": endpoint,
+                    "method": method,
+                    "code": code,
+                    "duration_ms": round(duration_s * 1000, 3),
+                    **{k: v for k, v in ids.items() if v},
+                }
+            )
+            self._flush_counts()
+
+    def record(self, kind: str, **fields: Any) -> None:
+        if self._stream is None:
+            return
+        with self._lock:
+            self._write({"kind": kind, **fields})
+            self._flush_counts()
+
+    def close(self) -> None:
+        if self._stream is None:
+            return
+        with self._lock:
+            self._flush_counts()

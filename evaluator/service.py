@@ -1,0 +1,433 @@
+"""The AleEnv service: eight unary RPCs over shared evaluator state, one servicer per endpoint.
+
+Both endpoints run the same code; the endpoint's role decides what it may do.
+The harness endpoint may do everything. The agent endpoint may not create
+official environments, start eval sessions, read eval results or submit
+official batches (PERMISSION_DENIED), and may touch a harness-owned
+environment only while it is an official environment inside an open eval
+session, and then only GetSpec, Reset and Step (the policy's handle).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import attrs
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from ale.catalog import Task
+from ale.env.v1 import env_pb2 as pb
+from ale.policy import PolicyError, load_policy
+from ale.protocol import SERVICE_NAME, ProtocolError, decode_tensor, encode_space, encode_tensor
+from ale_evaluator import __version__
+from ale_evaluator.batch import BatchJob, check_policy_fits
+from ale_evaluator.domains import DOMAINS, Domain
+from ale_evaluator.envs import EnvGroup, EvalSession
+from ale_evaluator.errors import RpcError, denied, exhausted, invalid, not_found, precondition
+from ale_evaluator.events import SUMMARISED, EventLog
+from ale_evaluator.seeds import RunConfig
+
+log = logging.getLogger(__name__)
+
+AGENT, HARNESS = "agent", "harness"
+
+
+@attrs.frozen
+class Limits:
+    max_envs: int = 64  # live env_ids; the least recently used agent env is closed past this
+    max_copies: int = 256  # K per CreateEnv
+    max_total_copies: int = 2048
+    max_episodes: int = 10_000  # per eval session or batch
+    max_pending_batches: int = 4
+    max_policy_bytes: int = 8 * 1024 * 1024
+
+
+def _domain_for(task: Task) -> Domain:
+    domain = DOMAINS.get(task.spec.domain)
+    if domain is None:
+        raise ValueError(f"task {task.spec.id}: unknown domain {task.spec.domain!r}")
+    if domain.headline_metric != task.spec.headline.metric or domain.safety_metrics != task.spec.safety_metrics:
+        raise ValueError(f"task {task.spec.id}: its metrics do not match domain {domain.name!r}")
+    return domain
+
+
+class EvaluatorState:
+    """What both endpoints share: environments, sessions, batches, the run's secret."""
+
+    def __init__(self, task: Task, config: RunConfig, *, events: EventLog | None = None,
+                 limits: Limits | None = None) -> None:
+        self.task = task
+        self.domain = _domain_for(task)
+        self.config = config
+        self.events = events or EventLog(None)
+        self.limits = limits or Limits()
+        self.lock = threading.Lock()
+        self.groups: OrderedDict[str, EnvGroup] = OrderedDict()
+        self.sessions: dict[str, EvalSession] = {}
+        self.batches: dict[str, BatchJob] = {}
+        self.closed_ids: dict[str, str] = {}
+        self.batch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ale-batch")
+        self.version = __version__
+
+    def shutdown(self) -> None:
+        for job in list(self.batches.values()):
+            job.cancel.set()
+        self.batch_pool.shutdown(wait=True, cancel_futures=True)
+        with self.lock:
+            for group in self.groups.values():
+                with group.lock:
+                    group.close("the evaluator shut down")
+            self.groups.clear()
+        self.events.close()
+
+    def spec(self, group: EnvGroup | None) -> pb.EnvSpec:
+        t = self.task.spec
+        spec = pb.EnvSpec(
+            task_id=t.id,
+            task_version=t.version,
+            gym_id=t.gym_id,
+            genre=t.genre,
+            mode=t.mode,
+            headline_metric=t.headline.metric,
+            headline_direction=t.headline.direction,
+            safety_metrics=list(t.safety_metrics),
+            official_episodes=t.official_episodes,
+            evaluator_version=self.version,
+            task_digest=self.task.digest,
+        )
+        if group is not None:
+            env = group.envs[0]
+            encode_space(env.observation_space, spec.observation_space)
+            encode_space(env.action_space, spec.action_space)
+            spec.num_envs = group.num_envs
+            spec.autoreset_mode = group.autoreset  # type: ignore[assignment]
+            spec.max_episode_steps = env.spec.max_episode_steps or 0 if env.spec else 0
+            spec.official = group.official
+        else:
+            from ale_evaluator.envs import make_env
+
+            env = make_env(self.task)
+            try:
+                encode_space(env.observation_space, spec.observation_space)
+                encode_space(env.action_space, spec.action_space)
+                spec.max_episode_steps = env.spec.max_episode_steps or 0 if env.spec else 0
+            finally:
+                env.close()
+        return spec
+
+    # -- registry ---------------------------------------------------------------------------
+
+    def add_group(self, group: EnvGroup) -> None:
+        with self.lock:
+            total = sum(g.num_envs for g in self.groups.values())
+            while len(self.groups) >= self.limits.max_envs or total + group.num_envs > self.limits.max_total_copies:
+                victim = next((g for g in self.groups.values() if g.owner == AGENT and not g.official), None)
+                if victim is None:
+                    raise exhausted("too many live environments; the evaluator cannot make room")
+                self._close_group(victim, "closed to make room: least recently used")
+                total -= victim.num_envs
+            self.groups[group.env_id] = group
+
+    def _close_group(self, group: EnvGroup, why: str) -> None:
+        self.groups.pop(group.env_id, None)
+        self.closed_ids[group.env_id] = why
+        with group.lock:
+            group.close(why)
+
+    def group(self, env_id: str, role: str) -> EnvGroup:
+        with self.lock:
+            group = self.groups.get(env_id)
+            if group is None:
+                why = self.closed_ids.get(env_id)
+                raise not_found(f"environment {env_id!r} was {why}" if why else f"unknown env_id {env_id!r}")
+            self.groups.move_to_end(env_id)
+        group.last_used = time.monotonic()
+        if role == AGENT and group.owner == HARNESS:
+            session = group.session
+            if not (group.official and session is not None and not session.finalized):
+                raise denied("this environment belongs to the harness endpoint")
+        return group
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(16)}"
+
+
+class AleEnvServicer:
+    """The eight RPCs for one endpoint role. Handlers take and return protobuf messages."""
+
+    def __init__(self, state: EvaluatorState, role: str) -> None:
+        assert role in (AGENT, HARNESS)
+        self.state = state
+        self.role = role
+
+    def _harness_only(self, what: str) -> None:
+        if self.role != HARNESS:
+            raise denied(f"{what} is reserved for the harness endpoint")
+
+    # -- RPCs -------------------------------------------------------------------------------
+
+    def CreateEnv(self, req: pb.CreateEnvRequest) -> pb.CreateEnvResponse:
+        st = self.state
+        if req.task_id and req.task_id != st.task.spec.id:
+            raise not_found(f"this evaluator serves task {st.task.spec.id!r}, not {req.task_id!r}")
+        if req.official:
+            self._harness_only("creating an official environment")
+        k = req.num_envs or 1
+        if k > st.limits.max_copies:
+            raise invalid(f"num_envs {k} exceeds the limit of {st.limits.max_copies}")
+        if req.autoreset_mode not in (pb.AUTORESET_MODE_DISABLED, pb.AUTORESET_MODE_SAME_STEP):
+            raise invalid(f"unknown autoreset_mode {req.autoreset_mode}")
+        if req.official and (k != 1 or req.autoreset_mode != pb.AUTORESET_MODE_DISABLED):
+            raise invalid("an official environment has num_envs=1 and autoreset disabled")
+        group = EnvGroup(
+            env_id=_new_id("env"),
+            task=st.task,
+            domain=st.domain,
+            num_envs=k,
+            autoreset=req.autoreset_mode,
+            official=req.official,
+            owner=self.role,
+        )
+        st.add_group(group)
+        return pb.CreateEnvResponse(env_id=group.env_id, spec=st.spec(group))
+
+    def GetSpec(self, req: pb.GetSpecRequest) -> pb.GetSpecResponse:
+        if not req.env_id:
+            return pb.GetSpecResponse(spec=self.state.spec(None))
+        group = self.state.group(req.env_id, self.role)
+        with group.lock:
+            if group.closed:
+                raise not_found(f"environment {req.env_id!r} was {group.closed}")
+            return pb.GetSpecResponse(spec=self.state.spec(group))
+
+    def Reset(self, req: pb.ResetRequest) -> pb.ResetResponse:
+        group = self.state.group(req.env_id, self.role)
+        reply = pb.ResetResponse()
+        with group.lock:
+            if group.closed:
+                raise not_found(f"environment {req.env_id!r} was {group.closed}")
+            if group.official:
+                session = group.session
+                if session is None:
+                    raise precondition("an official environment runs only inside an eval session")
+                obs = session.reset()
+                reply.seed_ignored = req.HasField("seed")
+                session.progress(reply.eval)
+            else:
+                obs = group.reset(req.seed if req.HasField("seed") else None)
+        encode_tensor(obs, reply.observation)
+        return reply
+
+    def Step(self, req: pb.StepRequest) -> pb.StepResponse:
+        group = self.state.group(req.env_id, self.role)
+        action = decode_tensor(req.action, what="action")
+        reply = pb.StepResponse()
+        with group.lock:
+            if group.closed:
+                raise not_found(f"environment {req.env_id!r} was {group.closed}")
+            session = group.session
+            if group.official and (session is None or session.finalized):
+                raise precondition("an official environment runs only inside an open eval session")
+            out, ended = group.step(action)
+            if session is not None:
+                session.on_step(ended)
+                session.progress(reply.eval)
+                for _, _meter in ended:
+                    rec = session.records[session.started - 1]
+                    self.state.events.record(
+                        "episode_end",
+                        session_id=session.session_id,
+                        index=rec.index,
+                        seed_commitment=rec.seed_commitment.hex(),
+                        length=rec.length,
+                        aborted=False,
+                    )
+        encode_tensor(out.observation, reply.observation)
+        encode_tensor(out.reward, reply.reward)
+        encode_tensor(out.terminated, reply.terminated)
+        encode_tensor(out.truncated, reply.truncated)
+        encode_tensor(out.cost, reply.cost)
+        if out.final_observation is not None:
+            encode_tensor(out.final_observation, reply.final_observation)
+        return reply
+
+    def StartEvalSession(self, req: pb.StartEvalSessionRequest) -> pb.StartEvalSessionResponse:
+        self._harness_only("StartEvalSession")
+        st = self.state
+        group = st.group(req.env_id, self.role)
+        n = req.num_episodes or st.task.spec.official_episodes
+        if n > st.limits.max_episodes:
+            raise invalid(f"num_episodes {n} exceeds the limit of {st.limits.max_episodes}")
+        with group.lock:
+            if not group.official:
+                raise precondition("eval sessions run on an official environment (CreateEnv official=true)")
+            if group.session is not None:
+                raise precondition("this official environment already has an eval session")
+            session = EvalSession(session_id=_new_id("session"), group=group, config=st.config, num_episodes=n)
+            group.session = session
+        with st.lock:
+            st.sessions[session.session_id] = session
+        st.events.record("eval_session_start", session_id=session.session_id, env_id=group.env_id, num_episodes=n)
+        return pb.StartEvalSessionResponse(session_id=session.session_id, env_id=group.env_id, num_episodes=n)
+
+    def GetEvalResult(self, req: pb.GetEvalResultRequest) -> pb.GetEvalResultResponse:
+        self._harness_only("GetEvalResult")
+        st = self.state
+        with st.lock:
+            session = st.sessions.get(req.session_id)
+            job = st.batches.get(req.session_id)
+        if session is not None:
+            group = session.group
+            with group.lock:
+                if req.finalize and not session.finalized:
+                    before = set(session.records)
+                    session.finalize()
+                    for index in sorted(set(session.records) - before):
+                        rec = session.records[index]
+                        st.events.record(
+                            "episode_end",
+                            session_id=session.session_id,
+                            index=index,
+                            seed_commitment=rec.seed_commitment.hex(),
+                            length=rec.length,
+                            aborted=True,
+                            abort_reason=rec.abort_reason,
+                        )
+                result = session.result(st.version)
+            if req.finalize:
+                with st.lock:
+                    if group.env_id in st.groups:
+                        st._close_group(group, "closed: its eval session was finalized")
+        elif job is not None:
+            if req.finalize and job.state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING):
+                job.cancel.set()
+            result = job.result(st.version)
+        else:
+            raise not_found(f"unknown session_id {req.session_id!r}")
+        if req.finalize:
+            st.events.record(
+                "eval_result",
+                session_id=req.session_id,
+                complete=result.complete,
+                headline_value=result.headline_value,
+                passed_episodes=result.passed_episodes,
+            )
+        return pb.GetEvalResultResponse(result=result)
+
+    def SubmitBatchEval(self, req: pb.SubmitBatchEvalRequest) -> pb.SubmitBatchEvalResponse:
+        st = self.state
+        if req.official:
+            self._harness_only("an official batch evaluation")
+        policy = load_policy(req.policy, max_bytes=st.limits.max_policy_bytes)
+        check_policy_fits(policy, st.task)
+        n = req.num_episodes or st.task.spec.official_episodes
+        if n > st.limits.max_episodes:
+            raise invalid(f"num_episodes {n} exceeds the limit of {st.limits.max_episodes}")
+        job = BatchJob(
+            batch_id=_new_id("batch"),
+            task=st.task,
+            domain=st.domain,
+            policy=policy,
+            num_episodes=n,
+            official=req.official,
+            owner=self.role,
+            config=st.config,
+            base_seed=req.seed,
+        )
+        with st.lock:
+            pending = sum(
+                j.state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING) for j in st.batches.values()
+            )
+            if pending >= st.limits.max_pending_batches:
+                raise exhausted(f"{pending} batch evaluations are already queued; wait for one to finish")
+            st.batches[job.batch_id] = job
+        st.batch_pool.submit(job.run)
+        st.events.record("batch_submitted", batch_id=job.batch_id, official=req.official, num_episodes=n)
+        return pb.SubmitBatchEvalResponse(batch_id=job.batch_id, num_episodes=n)
+
+    def GetBatchEvalStatus(self, req: pb.GetBatchEvalStatusRequest) -> pb.GetBatchEvalStatusResponse:
+        st = self.state
+        with st.lock:
+            job = st.batches.get(req.batch_id)
+        if job is None:
+            raise not_found(f"unknown batch_id {req.batch_id!r}")
+        if self.role == AGENT and job.owner == HARNESS:
+            raise denied("this batch evaluation belongs to the harness endpoint")
+        reply = pb.GetBatchEvalStatusResponse(
+            state=job.state,  # type: ignore[arg-type]
+            episodes_done=len(job.records),
+            num_episodes=job.num_episodes,
+            error=job.error,
+        )
+        if job.state == pb.BATCH_STATE_DONE and not job.official:
+            reply.result.CopyFrom(job.result(st.version))
+        return reply
+
+
+# -- gRPC plumbing ------------------------------------------------------------------------------
+
+METHODS: dict[str, tuple[type[Message], type[Message]]] = {
+    "CreateEnv": (pb.CreateEnvRequest, pb.CreateEnvResponse),
+    "GetSpec": (pb.GetSpecRequest, pb.GetSpecResponse),
+    "Reset": (pb.ResetRequest, pb.ResetResponse),
+    "Step": (pb.StepRequest, pb.StepResponse),
+    "StartEvalSession": (pb.StartEvalSessionRequest, pb.StartEvalSessionResponse),
+    "GetEvalResult": (pb.GetEvalResultRequest, pb.GetEvalResultResponse),
+    "SubmitBatchEval": (pb.SubmitBatchEvalRequest, pb.SubmitBatchEvalResponse),
+    "GetBatchEvalStatus": (pb.GetBatchEvalStatusRequest, pb.GetBatchEvalStatusResponse),
+}
+
+
+def _ids(request: Message | None) -> dict[str, str]:
+    if request is None:
+        return {}
+    return {f: getattr(request, f) for f in ("env_id", "session_id", "batch_id") if hasattr(request, f)}
+
+
+def generic_handler(servicer: AleEnvServicer) -> grpc.GenericRpcHandler:
+    """Handlers that parse requests themselves, so undecodable bytes get INVALID_ARGUMENT."""
+
+    def wrap(name: str, req_cls: type[Message], fn: Callable[[Any], Message]) -> grpc.RpcMethodHandler:
+        def handler(raw: bytes, context: grpc.ServicerContext) -> bytes:
+            started = time.perf_counter()
+            request: Message | None = None
+            code, message = grpc.StatusCode.OK, ""
+            reply: Message | None = None
+            try:
+                try:
+                    request = req_cls.FromString(raw)
+                except (DecodeError, RuntimeWarning, ValueError):
+                    raise invalid(f"the request is not a valid {req_cls.DESCRIPTOR.full_name}") from None
+                reply = fn(request)
+            except RpcError as exc:
+                code, message = exc.code, exc.message
+            except (ProtocolError, PolicyError) as exc:
+                code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+            except Exception:
+                log.exception("%s endpoint: %s failed", servicer.role, name)
+                code, message = grpc.StatusCode.INTERNAL, f"internal evaluator error in {name}; see the evaluator log"
+            servicer.state.events.rpc(
+                servicer.role,
+                name,
+                code.name,
+                summarise=name in SUMMARISED,
+                duration_s=time.perf_counter() - started,
+                **_ids(request),
+            )
+            if code is not grpc.StatusCode.OK or reply is None:
+                context.abort(code, message)
+            return reply.SerializeToString()
+
+        return grpc.unary_unary_rpc_method_handler(handler)
+
+    handlers = {name: wrap(name, req, getattr(servicer, name)) for name, (req, _) in METHODS.items()}
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
