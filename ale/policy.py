@@ -80,9 +80,9 @@ class Architecture:
 
 def _activate(x: np.ndarray, kind: str) -> np.ndarray:
     if kind == "tanh":
-        return np.tanh(x)
+        return np.asarray(np.tanh(x))
     if kind == "relu":
-        return np.maximum(x, 0.0)
+        return np.asarray(np.maximum(x, 0.0))
     return x
 
 
@@ -109,18 +109,19 @@ class Policy:
             x = _activate(x @ w.T + b, act)
         return x
 
-    def act(self, obs: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None,
-            start: int = 0) -> np.ndarray:
+    def act(
+        self, obs: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None, start: int = 0
+    ) -> np.ndarray:
         """Actions for a batch of observations; ``low``/``high`` bound box outputs."""
         y = self.forward(obs)
         out = self.architecture.output
         if out.kind == "discrete":
-            return (np.argmax(y, axis=-1) + start).astype(np.int64)
+            return np.asarray(np.argmax(y, axis=-1) + start, dtype=np.int64)
         if low is None or high is None:
             raise PolicyError("a box policy needs the action bounds")
         if out.squash == "tanh":
-            return low + (np.tanh(y) + 1.0) / 2.0 * (high - low)
-        return np.clip(y, low, high)
+            return np.asarray(low + (np.tanh(y) + 1.0) / 2.0 * (high - low))
+        return np.asarray(np.clip(y, low, high))
 
 
 def _read_metadata(raw: bytes) -> dict[str, str]:
@@ -242,8 +243,12 @@ def save_policy(
     return raw
 
 
-def linear_policy(weight: np.ndarray, bias: np.ndarray | None = None, *,
-                  output: Literal["clip", "tanh", "discrete"] = "clip") -> bytes:
+def linear_policy(
+    weight: np.ndarray,
+    bias: np.ndarray | None = None,
+    *,
+    output: Literal["clip", "tanh", "discrete"] = "clip",
+) -> bytes:
     """A one-layer (linear) policy artifact."""
     w = np.atleast_2d(np.asarray(weight, dtype=np.float64))
     b = np.zeros(w.shape[0]) if bias is None else np.asarray(bias, dtype=np.float64)

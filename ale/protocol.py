@@ -9,6 +9,7 @@ peer that sent it.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -94,7 +95,7 @@ def decode_tensor(msg: pb.Tensor, *, what: str = "tensor") -> np.ndarray:
     return array.astype(dtype.newbyteorder("="), copy=True)
 
 
-def encode_space(space: gym.Space, out: pb.Space | None = None) -> pb.Space:
+def encode_space(space: gym.Space[Any], out: pb.Space | None = None) -> pb.Space:
     """Encode a Box or Discrete space; other spaces are not part of v1."""
     msg = pb.Space() if out is None else out
     if isinstance(space, gym.spaces.Box):

@@ -13,14 +13,14 @@ import threading
 import attrs
 import gymnasium as gym
 import numpy as np
-
-from ale.catalog import Task
-from ale.env.v1 import env_pb2 as pb
-from ale.policy import Policy, PolicyError
 from ale_evaluator import episodes
 from ale_evaluator.domains import Domain
 from ale_evaluator.envs import make_env
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
+
+from ale.catalog import Task
+from ale.env.v1 import env_pb2 as pb
+from ale.policy import Policy, PolicyError
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +42,12 @@ def check_policy_fits(policy: Policy, task: Task) -> None:
     if isinstance(act_space, gym.spaces.Discrete):
         if kind != "discrete" or policy.output_dim != act_space.n:
             raise PolicyError(f"the task's actions are Discrete({act_space.n}): the policy needs {act_space.n} outputs")
-    elif isinstance(act_space, gym.spaces.Box):
-        if kind != "box" or policy.output_dim != int(np.prod(act_space.shape)):
-            raise PolicyError(f"the task's actions are a Box of shape {list(act_space.shape)}: use a box output of that size")
+    elif isinstance(act_space, gym.spaces.Box) and (
+        kind != "box" or policy.output_dim != int(np.prod(act_space.shape))
+    ):
+        raise PolicyError(
+            f"the task's actions are a Box of shape {list(act_space.shape)}: use a box output of that size"
+        )
 
 
 @attrs.define(eq=False)
@@ -80,7 +83,10 @@ class BatchJob:
         try:
             for index in range(self.num_episodes):
                 if self.cancel.is_set():
-                    self.error, self.state = "cancelled: the evaluator is shutting down", pb.BATCH_STATE_FAILED
+                    self.error, self.state = (
+                        "cancelled: the evaluator is shutting down",
+                        pb.BATCH_STATE_FAILED,
+                    )
                     return
                 self.records.append(self._episode(env, index))
             self.state = pb.BATCH_STATE_DONE

@@ -12,12 +12,13 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ale import catalog
 from ale_evaluator import __version__
 from ale_evaluator.events import EventLog
 from ale_evaluator.seeds import RunConfig, RunConfigError
 from ale_evaluator.server import start, unix_address
 from ale_evaluator.service import EvaluatorState
+
+from ale import catalog
 
 
 class CliError(Exception):

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import TextIO
 
 import numpy as np
+from ale_evaluator.seeds import RunConfig
+from ale_evaluator.server import serving, unix_address
+from ale_evaluator.service import EvaluatorState
 
 from ale.catalog import Task
 from ale.client import AleEnvClient, RemoteEnv
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import linear_policy
-from ale_evaluator.seeds import RunConfig
-from ale_evaluator.server import serving, unix_address
-from ale_evaluator.service import EvaluatorState
 
 # Hand-tuned linear gains: a = W @ obs (discrete: push right iff positive).
 _GAINS: dict[str, np.ndarray] = {
@@ -56,14 +56,17 @@ def _act(task: Task, env: RemoteEnv, obs: np.ndarray) -> np.ndarray | int:
 
 def _print_result(result: pb.EvalResult, out: TextIO) -> None:
     out.write(
-        f"official result: {result.headline_metric} = {result.headline_value:.4f} ({result.headline_direction} is better), "
+        f"official result: {result.headline_metric} = {result.headline_value:.4f} "
+        f"({result.headline_direction} is better), "
         f"{result.passed_episodes}/{result.num_episodes} episodes passed, complete={result.complete}\n"
     )
     for s in result.safety:
         out.write(f"  safety {s.name}: {s.count} events, rate {s.rate:.4f} per episode\n")
     first = result.episodes[0] if result.episodes else None
     if first is not None:
-        out.write(f"  episode 0: seed commitment {first.seed_commitment.hex()[:16]}..., return {first.episode_return:.2f}\n")
+        out.write(
+            f"  episode 0: seed commitment {first.seed_commitment.hex()[:16]}..., return {first.episode_return:.2f}\n"
+        )
 
 
 def run_demo(task: Task, workdir: Path, *, episodes: int, out: TextIO) -> int:
@@ -92,7 +95,10 @@ def run_demo(task: Task, workdir: Path, *, episodes: int, out: TextIO) -> int:
         n = episodes or spec.official_episodes
         if spec.mode == "batch":
             batch = harness.submit_batch_eval(demo_policy(task), official=True, num_episodes=n)
-            while harness.get_batch_eval_status(batch.batch_id).state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING):
+            while harness.get_batch_eval_status(batch.batch_id).state in (
+                pb.BATCH_STATE_PENDING,
+                pb.BATCH_STATE_RUNNING,
+            ):
                 time.sleep(0.05)
             result = harness.get_eval_result(batch.batch_id, finalize=True)
         else:

@@ -168,7 +168,12 @@ DOMAINS: dict[str, Domain] = {
             _pendulum_value,
         ),
         Domain(
-            "reacher", "mean_final_distance", ("joint_speed_violations",), REACHER_WORST, _reacher_events, _reacher_value
+            "reacher",
+            "mean_final_distance",
+            ("joint_speed_violations",),
+            REACHER_WORST,
+            _reacher_events,
+            _reacher_value,
         ),
         Domain(
             "hopper",

@@ -15,13 +15,13 @@ import time
 import attrs
 import gymnasium as gym
 import numpy as np
-
-from ale.catalog import Task
-from ale.env.v1 import env_pb2 as pb
 from ale_evaluator import episodes
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.errors import invalid, precondition
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
+
+from ale.catalog import Task
+from ale.env.v1 import env_pb2 as pb
 
 
 def make_env(task: Task) -> gym.Env:

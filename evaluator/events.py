@@ -37,7 +37,14 @@ class EventLog:
     def _flush_counts(self) -> None:
         for (endpoint, method, env_id, code), n in sorted(self._counts.items()):
             self._write(
-                {"kind": "rpc_summary", "endpoint": endpoint, "method": method, "env_id": env_id, "code": code, "calls": n}
+                {
+                    "kind": "rpc_summary",
+                    "endpoint": endpoint,
+                    "method": method,
+                    "env_id": env_id,
+                    "code": code,
+                    "calls": n,
+                }
             )
         self._counts.clear()
         self._last_flush = time.monotonic()

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import attrs
 import grpc
+from ale_evaluator.service import AGENT, HARNESS, AleEnvServicer, EvaluatorState, generic_handler
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from ale.env.v1 import env_pb2 as pb
 from ale.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME
-from ale_evaluator.service import AGENT, HARNESS, AleEnvServicer, EvaluatorState, generic_handler
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -41,7 +41,8 @@ def _serve_one(state: EvaluatorState, role: str, address: str, *, workers: int) 
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
-        [pb.DESCRIPTOR.services_by_name["AleEnv"].full_name, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        [pb.DESCRIPTOR.services_by_name["AleEnv"].full_name, health.SERVICE_NAME, reflection.SERVICE_NAME],
+        server,
     )
     port = server.add_insecure_port(address)
     if port == 0:
@@ -100,7 +101,9 @@ def start(
 
 
 @contextlib.contextmanager
-def serving(state: EvaluatorState, *, agent_address: str, harness_address: str, workers: int = 4) -> Iterator[RunningEvaluator]:
+def serving(
+    state: EvaluatorState, *, agent_address: str, harness_address: str, workers: int = 4
+) -> Iterator[RunningEvaluator]:
     running = start(state, agent_address=agent_address, harness_address=harness_address, workers=workers)
     try:
         yield running

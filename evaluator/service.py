@@ -21,12 +21,6 @@ from typing import Any
 
 import attrs
 import grpc
-from google.protobuf.message import DecodeError, Message
-
-from ale.catalog import Task
-from ale.env.v1 import env_pb2 as pb
-from ale.policy import PolicyError, load_policy
-from ale.protocol import SERVICE_NAME, ProtocolError, decode_tensor, encode_space, encode_tensor
 from ale_evaluator import __version__
 from ale_evaluator.batch import BatchJob, check_policy_fits
 from ale_evaluator.domains import DOMAINS, Domain
@@ -34,6 +28,12 @@ from ale_evaluator.envs import EnvGroup, EvalSession
 from ale_evaluator.errors import RpcError, denied, exhausted, invalid, not_found, precondition
 from ale_evaluator.events import SUMMARISED, EventLog
 from ale_evaluator.seeds import RunConfig
+from google.protobuf.message import DecodeError, Message
+
+from ale.catalog import Task
+from ale.env.v1 import env_pb2 as pb
+from ale.policy import PolicyError, load_policy
+from ale.protocol import SERVICE_NAME, ProtocolError, decode_tensor, encode_space, encode_tensor
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,9 @@ def _domain_for(task: Task) -> Domain:
 class EvaluatorState:
     """What both endpoints share: environments, sessions, batches, the run's secret."""
 
-    def __init__(self, task: Task, config: RunConfig, *, events: EventLog | None = None,
-                 limits: Limits | None = None) -> None:
+    def __init__(
+        self, task: Task, config: RunConfig, *, events: EventLog | None = None, limits: Limits | None = None
+    ) -> None:
         self.task = task
         self.domain = _domain_for(task)
         self.config = config
@@ -344,9 +345,7 @@ class AleEnvServicer:
             base_seed=req.seed,
         )
         with st.lock:
-            pending = sum(
-                j.state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING) for j in st.batches.values()
-            )
+            pending = sum(j.state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING) for j in st.batches.values())
             if pending >= st.limits.max_pending_batches:
                 raise exhausted(f"{pending} batch evaluations are already queued; wait for one to finish")
             st.batches[job.batch_id] = job
@@ -414,7 +413,10 @@ def generic_handler(servicer: AleEnvServicer) -> grpc.GenericRpcHandler:
                 code, message = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
             except Exception:
                 log.exception("%s endpoint: %s failed", servicer.role, name)
-                code, message = grpc.StatusCode.INTERNAL, f"internal evaluator error in {name}; see the evaluator log"
+                code, message = (
+                    grpc.StatusCode.INTERNAL,
+                    f"internal evaluator error in {name}; see the evaluator log",
+                )
             servicer.state.events.rpc(
                 servicer.role,
                 name,

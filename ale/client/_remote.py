@@ -68,8 +68,9 @@ class AleEnvClient:
     def get_eval_result(self, session_id: str, *, finalize: bool = False) -> pb.EvalResult:
         return self._call("GetEvalResult", pb.GetEvalResultRequest(session_id=session_id, finalize=finalize)).result
 
-    def submit_batch_eval(self, policy: bytes, *, official: bool = False, num_episodes: int = 0,
-                          seed: int = 0) -> pb.SubmitBatchEvalResponse:
+    def submit_batch_eval(
+        self, policy: bytes, *, official: bool = False, num_episodes: int = 0, seed: int = 0
+    ) -> pb.SubmitBatchEvalResponse:
         return self._call(
             "SubmitBatchEval",
             pb.SubmitBatchEvalRequest(policy=policy, official=official, num_episodes=num_episodes, seed=seed),
@@ -101,8 +102,9 @@ class RemoteEnv(gym.Env):
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
 
-    def __init__(self, target: str, *, env_id: str | None = None, task_id: str = "",
-                 client: AleEnvClient | None = None) -> None:
+    def __init__(
+        self, target: str, *, env_id: str | None = None, task_id: str = "", client: AleEnvClient | None = None
+    ) -> None:
         self.client = client or AleEnvClient(target)
         if env_id is None:
             created = self.client.create_env(task_id=task_id, num_envs=1)
@@ -121,7 +123,10 @@ class RemoteEnv(gym.Env):
         reply = self.client.reset(self.env_id, seed)
         info: dict[str, Any] = {}
         if reply.HasField("eval"):
-            info["eval"] = {"episode_index": reply.eval.episode_index, "num_episodes": reply.eval.num_episodes}
+            info["eval"] = {
+                "episode_index": reply.eval.episode_index,
+                "num_episodes": reply.eval.num_episodes,
+            }
         return decode_tensor(reply.observation, what="observation")[0], info
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
@@ -150,9 +155,7 @@ class RemoteVectorEnv(VectorEnv):
 
     def __init__(self, target: str, num_envs: int, *, task_id: str = "", client: AleEnvClient | None = None) -> None:
         self.client = client or AleEnvClient(target)
-        created = self.client.create_env(
-            task_id=task_id, num_envs=num_envs, autoreset_mode=pb.AUTORESET_MODE_SAME_STEP
-        )
+        created = self.client.create_env(task_id=task_id, num_envs=num_envs, autoreset_mode=pb.AUTORESET_MODE_SAME_STEP)
         self.env_id = created.env_id
         self.num_envs = num_envs
         self.single_observation_space = decode_space(created.spec.observation_space)
@@ -160,8 +163,9 @@ class RemoteVectorEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
 
-    def reset(self, *, seed: int | list[int | None] | None = None,
-              options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+    def reset(
+        self, *, seed: int | list[int | None] | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, dict[str, Any]]:
         if isinstance(seed, list):
             raise ValueError("RemoteVectorEnv seeds copy i with seed + i; pass one int")
         super().reset(seed=seed)
@@ -174,7 +178,10 @@ class RemoteVectorEnv(VectorEnv):
         terminated = decode_tensor(reply.terminated)
         truncated = decode_tensor(reply.truncated)
         done = terminated | truncated
-        infos: dict[str, Any] = {"cost": decode_tensor(reply.cost), "_cost": np.ones(self.num_envs, dtype=bool)}
+        infos: dict[str, Any] = {
+            "cost": decode_tensor(reply.cost),
+            "_cost": np.ones(self.num_envs, dtype=bool),
+        }
         if done.any() and reply.HasField("final_observation"):
             infos["final_obs"] = decode_tensor(reply.final_observation, what="final_observation")
             infos["_final_obs"] = done

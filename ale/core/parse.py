@@ -7,6 +7,7 @@ its path, so an error names the field that is wrong.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import cattrs
@@ -46,8 +47,9 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(str, _strict_str)
     conv.register_structure_hook(bool, _strict_bool)
+
     def _attrs_factory(cls: type) -> Any:
-        inner = make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True)
+        inner: Callable[[Any, type], Any] = make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True)
 
         def structure_object(value: Any, t: type) -> Any:
             if not isinstance(value, dict):
