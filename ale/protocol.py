@@ -75,9 +75,12 @@ def encode_tensor(array: np.ndarray, out: pb.Tensor | None = None) -> pb.Tensor:
 
 def decode_tensor(msg: pb.Tensor, *, what: str = "tensor") -> np.ndarray:
     """Decode a Tensor message into a native-endian, writable numpy array."""
-    dtype = numpy_dtype(msg.dtype) if msg.dtype else None
-    if dtype is None:
+    if not msg.dtype:
         raise ProtocolError(f"{what}: dtype is unspecified")
+    try:
+        dtype = numpy_dtype(msg.dtype)
+    except ProtocolError as exc:
+        raise ProtocolError(f"{what}: {exc}") from None
     shape = tuple(int(d) for d in msg.shape)
     if any(d < 0 for d in shape):
         raise ProtocolError(f"{what}: negative dimension in shape {list(shape)}")

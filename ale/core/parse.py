@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import cattrs
+from cattrs.v import format_exception
 from cattrs.gen import make_dict_structure_fn
 
 T = TypeVar("T")
@@ -67,9 +68,16 @@ converter = _make_converter()
 
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, cattrs.BaseValidationError):
-        msgs = cattrs.transform_error(exc)
-        return "; ".join(msgs)
+        return "; ".join(cattrs.transform_error(exc, format_exception=_format_leaf))
     return str(exc)
+
+
+def _format_leaf(exc: BaseException, type_: type | None) -> str:
+    """cattrs' wording, plus the validator's own message where there is one."""
+    base = format_exception(exc, type_)
+    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, cattrs.BaseValidationError) and str(exc):
+        return f"{base}: {exc}"
+    return base
 
 
 def structure(data: Any, cls: type[T], *, what: str) -> T:
