@@ -111,7 +111,8 @@ def test_faithfulness_gate_is_fail_closed_for_reproduction(faithful: bool | None
 
 def test_open_genre_skips_the_gate() -> None:
     s = _task("O@1", genre="open", final_measured=1.2, faithful=None)
-    assert s.final == pytest.approx(1.2) and s.faithful is None
+    assert s.final == pytest.approx(1.2)
+    assert s.faithful is None
 
 
 def test_categories_and_pass_rate() -> None:

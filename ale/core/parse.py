@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import cattrs
-from cattrs.v import format_exception
 from cattrs.gen import make_dict_structure_fn
+from cattrs.v import format_exception
 
 T = TypeVar("T")
 
