@@ -1,0 +1,204 @@
+"""The trajectory stream ``ale-trajectory-event/v1``: append-only, hash-chained JSON lines.
+
+Each line is the RFC 8785 canonical JSON of one event followed by ``\\n``::
+
+    {"data": {...}, "hash": "<hex>", "kind": "run_started", "monotonic": 12.5,
+     "prev_hash": "<hex>", "producer": "trusted_harness", "producer_sequence": 0,
+     "schema": "ale-trajectory-event/v1", "seq": 0, "wall_time": "2026-11-30T04:28:38.123456Z"}
+
+* ``seq`` counts every event of the stream from 0; ``producer_sequence`` counts the events of
+  that producer from 0. Both increase by exactly one.
+* ``wall_time`` (RFC 3339, UTC, microseconds) orders events across producers together with
+  ``producer_sequence``; ``monotonic`` (seconds) is meaningful only within one producer.
+* ``prev_hash`` is the previous event's ``hash`` (64 zeros for the first event), and ``hash`` is
+  the SHA-256 (hex) of the canonical JSON of the event *without* its ``hash`` member. The last
+  hash is the chain head that ``integrity.json`` records.
+* The first event is ``run_started`` by ``trusted_harness`` and binds the challenge ``nonce``
+  into the chain (``data.nonce``; ``null`` for a run without a site).
+
+Nothing here does I/O: the harness writes the lines, the verifier reads them, both through this
+module. docs/formats.md carries test vectors.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+
+from ale.core.canonical import CanonicalError, canonical_json
+
+EVENT_SCHEMA = "ale-trajectory-event/v1"
+GENESIS = "0" * 64
+PRODUCERS = ("trusted_harness", "trusted_evaluator", "trusted_network_proxy", "untrusted_agent", "derived_verifier")
+FIELDS = frozenset(
+    {"schema", "seq", "producer", "producer_sequence", "wall_time", "monotonic", "kind", "data", "prev_hash", "hash"}
+)
+_WALL_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+_KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+MAX_LINE_BYTES = 1 << 20
+
+
+class ChainError(ValueError):
+    """A stream that is not a valid chain; ``reason`` is a stable code, ``line`` 1-based."""
+
+    def __init__(self, reason: str, line: int, message: str) -> None:
+        super().__init__(f"line {line}: {message}" if line else message)
+        self.reason, self.line = reason, line
+
+
+def event_hash(event_without_hash: Mapping[str, Any]) -> str:
+    return hashlib.sha256(canonical_json(dict(event_without_hash))).hexdigest()
+
+
+def format_wall_time(epoch_seconds: float) -> str:
+    """RFC 3339 UTC with exactly six fractional digits, from seconds since the epoch."""
+    micros = round(epoch_seconds * 1_000_000)
+    moment = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC) + _dt.timedelta(microseconds=micros)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@attrs.define
+class ChainBuilder:
+    """Builds events in order; the caller writes the returned lines. Not thread-safe by itself."""
+
+    head: str = GENESIS
+    seq: int = 0
+    per_producer: dict[str, int] = attrs.Factory(dict)
+
+    def append(
+        self, producer: str, kind: str, data: Mapping[str, Any], *, wall_time: float, monotonic: float
+    ) -> tuple[dict[str, Any], bytes]:
+        """Make the next event; return it and its line (canonical JSON plus newline)."""
+        if producer not in PRODUCERS:
+            raise ValueError(f"unknown producer {producer!r}")
+        if not _KIND.fullmatch(kind):
+            raise ValueError(f"event kind {kind!r} is not a lowercase identifier")
+        if not math.isfinite(monotonic):
+            raise ValueError("monotonic time must be finite")
+        event: dict[str, Any] = {
+            "schema": EVENT_SCHEMA,
+            "seq": self.seq,
+            "producer": producer,
+            "producer_sequence": self.per_producer.get(producer, 0),
+            "wall_time": format_wall_time(wall_time),
+            "monotonic": monotonic,
+            "kind": kind,
+            "data": dict(data),
+            "prev_hash": self.head,
+        }
+        event["hash"] = event_hash(event)
+        line = canonical_json(event) + b"\n"
+        if len(line) > MAX_LINE_BYTES:
+            raise ValueError(f"event of {len(line)} bytes exceeds the line limit of {MAX_LINE_BYTES}")
+        self.head = event["hash"]
+        self.seq += 1
+        self.per_producer[producer] = event["producer_sequence"] + 1
+        return event, line
+
+
+@attrs.frozen
+class ChainSummary:
+    head: str
+    events: int
+    nonce: str | None
+    per_producer: dict[str, int]
+    kinds: dict[str, int]
+    first_wall_time: str
+    last_wall_time: str
+
+
+def iter_events(stream: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Parse lines strictly: each must be the canonical JSON of its own content."""
+    if stream and not stream.endswith(b"\n"):
+        raise ChainError("truncated", stream.count(b"\n") + 1, "the last line has no newline: truncated stream")
+    for number, raw in enumerate(stream.split(b"\n")[:-1] if stream else [], start=1):
+        if len(raw) > MAX_LINE_BYTES:
+            raise ChainError("line_too_long", number, f"line of {len(raw)} bytes exceeds {MAX_LINE_BYTES}")
+        try:
+            event = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise ChainError("not_json", number, "not a JSON object") from None
+        if not isinstance(event, dict):
+            raise ChainError("not_json", number, "not a JSON object")
+        try:
+            canonical = canonical_json(event)
+        except CanonicalError as exc:
+            raise ChainError("not_canonical", number, str(exc)) from None
+        if canonical != raw:
+            raise ChainError("not_canonical", number, "the line is not in canonical JSON (RFC 8785) form")
+        yield number, event
+
+
+def _check_fields(number: int, event: dict[str, Any]) -> None:
+    if set(event) != FIELDS:
+        missing, extra = sorted(FIELDS - set(event)), sorted(set(event) - FIELDS)
+        raise ChainError("bad_fields", number, f"fields missing {missing} or unexpected {extra}")
+    checks = [
+        (event["schema"] == EVENT_SCHEMA, "bad_schema", f"schema is not {EVENT_SCHEMA}"),
+        (event["producer"] in PRODUCERS, "bad_producer", f"unknown producer {event['producer']!r}"),
+        (isinstance(event["kind"], str) and bool(_KIND.fullmatch(event["kind"])), "bad_kind", "bad kind"),
+        (isinstance(event["wall_time"], str) and bool(_WALL_TIME.fullmatch(event["wall_time"])), "bad_time",
+         "wall_time is not RFC 3339 UTC with microseconds"),
+        (isinstance(event["monotonic"], (int, float)) and not isinstance(event["monotonic"], bool), "bad_time",
+         "monotonic is not a number"),
+        (isinstance(event["data"], dict), "bad_data", "data is not an object"),
+        (isinstance(event["prev_hash"], str) and bool(_HEX64.fullmatch(event["prev_hash"])), "bad_hash",
+         "prev_hash is not 64 lowercase hex digits"),
+        (isinstance(event["hash"], str) and bool(_HEX64.fullmatch(event["hash"])), "bad_hash",
+         "hash is not 64 lowercase hex digits"),
+    ]  # fmt: skip
+    for ok, reason, message in checks:
+        if not ok:
+            raise ChainError(reason, number, message)
+
+
+def verify_chain(stream: bytes, *, expected_nonce: str | None = None, check_nonce: bool = False) -> ChainSummary:
+    """Check every line, link and counter of a stream; return its summary or raise ChainError."""
+    head, seq = GENESIS, 0
+    per_producer: dict[str, int] = {}
+    kinds: dict[str, int] = {}
+    nonce: str | None = None
+    first = last = ""
+    last_monotonic: dict[str, float] = {}
+    for number, event in iter_events(stream):
+        _check_fields(number, event)
+        if event["seq"] != seq:
+            raise ChainError("bad_sequence", number, f"seq is {event['seq']}, expected {seq}")
+        producer = event["producer"]
+        expected = per_producer.get(producer, 0)
+        if event["producer_sequence"] != expected:
+            got = event["producer_sequence"]
+            raise ChainError("bad_sequence", number, f"{producer} producer_sequence is {got}, expected {expected}")
+        if event["prev_hash"] != head:
+            raise ChainError("broken_link", number, "prev_hash does not match the previous event's hash")
+        body = {k: v for k, v in event.items() if k != "hash"}
+        if event_hash(body) != event["hash"]:
+            raise ChainError("bad_hash", number, "hash does not match the event's content")
+        if producer in last_monotonic and event["monotonic"] < last_monotonic[producer]:
+            raise ChainError("bad_time", number, f"{producer}'s monotonic time went backwards")
+        if seq == 0:
+            if producer != "trusted_harness" or event["kind"] != "run_started":
+                raise ChainError("bad_first_event", number, "the first event must be trusted_harness run_started")
+            nonce = event["data"].get("nonce")
+            if nonce is not None and not isinstance(nonce, str):
+                raise ChainError("bad_first_event", number, "nonce must be a string or null")
+            first = event["wall_time"]
+        last_monotonic[producer] = event["monotonic"]
+        head = event["hash"]
+        seq += 1
+        per_producer[producer] = per_producer.get(producer, 0) + 1
+        kinds[event["kind"]] = kinds.get(event["kind"], 0) + 1
+        last = event["wall_time"]
+    if seq == 0:
+        raise ChainError("empty", 0, "the trajectory has no events")
+    if check_nonce and nonce != expected_nonce:
+        raise ChainError("nonce_mismatch", 1, "the first event does not bind the challenge nonce")
+    return ChainSummary(head, seq, nonce, per_producer, kinds, first, last)

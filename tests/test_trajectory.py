@@ -1,0 +1,185 @@
+"""ale-trajectory-event/v1: building, verifying, and every way a stream can be broken."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ale.core.canonical import canonical_json
+from ale.core.merkle import files_root, merkle_tree_hash
+from ale.core.trajectory import GENESIS, ChainBuilder, ChainError, format_wall_time, verify_chain
+
+T0 = 1_764_476_918.123456  # 2025-11-30T04:28:38.123456Z
+
+
+def _stream(n: int = 5, nonce: str | None = "nonce-abc") -> bytes:
+    chain = ChainBuilder()
+    lines = [chain.append("trusted_harness", "run_started", {"nonce": nonce}, wall_time=T0, monotonic=1.0)[1]]
+    producers = ["trusted_evaluator", "untrusted_agent", "trusted_harness"]
+    for i in range(1, n):
+        p = producers[i % 3]
+        lines.append(chain.append(p, "note", {"i": i}, wall_time=T0 + i, monotonic=1.0 + i)[1])
+    return b"".join(lines)
+
+
+def _events(stream: bytes) -> list[dict]:
+    return [json.loads(line) for line in stream.splitlines()]
+
+
+def _encode(events: list[dict]) -> bytes:
+    return b"".join(canonical_json(e) + b"\n" for e in events)
+
+
+def _rehash(events: list[dict]) -> list[dict]:
+    """Recompute every hash and link, as a forger would."""
+    head = GENESIS
+    for e in events:
+        e["prev_hash"] = head
+        body = {k: v for k, v in e.items() if k != "hash"}
+        e["hash"] = head = hashlib.sha256(canonical_json(body)).hexdigest()
+    return events
+
+
+def test_test_vector_first_event() -> None:
+    """The vector in docs/formats.md: an independent implementation must get this hash."""
+    _, line = ChainBuilder().append(
+        "trusted_harness", "run_started", {"nonce": "n-1", "run_id": "r-1"}, wall_time=T0, monotonic=0.5
+    )
+    event = json.loads(line)
+    assert line == (
+        b'{"data":{"nonce":"n-1","run_id":"r-1"},"hash":"' + event["hash"].encode() + b'","kind":"run_started",'
+        b'"monotonic":0.5,"prev_hash":"' + GENESIS.encode() + b'","producer":"trusted_harness",'
+        b'"producer_sequence":0,"schema":"ale-trajectory-event/v1","seq":0,'
+        b'"wall_time":"2025-11-30T04:28:38.123456Z"}\n'
+    )
+    body = {k: v for k, v in event.items() if k != "hash"}
+    assert event["hash"] == hashlib.sha256(canonical_json(body)).hexdigest()
+    assert event["hash"] == "68536c37367c3c082f0f31bba65ea9c93b8d7e97f163cd3fef7635214efc2c2f"
+
+
+def test_valid_stream_verifies_and_summarises() -> None:
+    stream = _stream(7)
+    summary = verify_chain(stream, expected_nonce="nonce-abc", check_nonce=True)
+    assert summary.events == 7
+    assert summary.nonce == "nonce-abc"
+    assert summary.head == _events(stream)[-1]["hash"]
+    assert summary.per_producer == {"trusted_harness": 3, "trusted_evaluator": 2, "untrusted_agent": 2}
+
+
+def test_wall_time_format() -> None:
+    assert format_wall_time(0.0) == "1970-01-01T00:00:00.000000Z"
+    assert format_wall_time(T0) == "2025-11-30T04:28:38.123456Z"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda ev: ev[2]["data"].update(i=99), "bad_hash"),
+        (lambda ev: ev.__setitem__(slice(2, 4), [ev[3], ev[2]]), "bad_sequence"),
+        (lambda ev: ev.pop(3), "bad_sequence"),
+        (lambda ev: ev[1].update(producer="root"), "bad_producer"),
+        (lambda ev: ev[1].update(extra=1), "bad_fields"),
+        (lambda ev: ev[1].pop("monotonic"), "bad_fields"),
+        (lambda ev: ev[1].update(wall_time="yesterday"), "bad_time"),
+        (lambda ev: ev[1].update(schema="ale-trajectory-event/v2"), "bad_schema"),
+        (lambda ev: ev[2].update(prev_hash="f" * 64), "broken_link"),
+        (lambda ev: ev.pop(0), "bad_sequence"),
+    ],
+)
+def test_tampering_is_detected_without_rehash(mutate, reason: str) -> None:
+    events = _events(_stream(6))
+    mutate(events)
+    with pytest.raises(ChainError) as err:
+        verify_chain(_encode(events))
+    assert err.value.reason == reason
+
+
+def test_a_forger_who_rehashes_still_cannot_reorder_or_drop() -> None:
+    events = _events(_stream(6))
+    events.pop(2)
+    with pytest.raises(ChainError) as err:
+        verify_chain(_encode(_rehash(events)))
+    assert err.value.reason == "bad_sequence"
+    events = _events(_stream(6))
+    events[0]["data"]["nonce"] = "other"
+    with pytest.raises(ChainError) as err:
+        verify_chain(_encode(_rehash(events)), expected_nonce="nonce-abc", check_nonce=True)
+    assert err.value.reason == "nonce_mismatch"
+
+
+@pytest.mark.parametrize(
+    ("stream", "reason"),
+    [
+        (b"", "empty"),
+        (b"{}", "truncated"),
+        (b"not json\n", "not_json"),
+        (b"[1]\n", "not_json"),
+        (b'{"b": 1, "a": 2}\n', "not_canonical"),
+        (b'{"a":NaN}\n', "not_canonical"),
+        (b"{}\n", "bad_fields"),
+    ],
+)
+def test_garbage_streams_are_refused(stream: bytes, reason: str) -> None:
+    with pytest.raises(ChainError) as err:
+        verify_chain(stream)
+    assert err.value.reason == reason
+
+
+def test_first_event_must_be_the_harness_run_started() -> None:
+    chain = ChainBuilder()
+    _, line = chain.append("untrusted_agent", "run_started", {"nonce": None}, wall_time=T0, monotonic=0)
+    with pytest.raises(ChainError) as err:
+        verify_chain(line)
+    assert err.value.reason == "bad_first_event"
+
+
+def test_monotonic_time_may_not_go_backwards_within_a_producer() -> None:
+    chain = ChainBuilder()
+    lines = [
+        chain.append("trusted_harness", "run_started", {"nonce": None}, wall_time=T0, monotonic=5.0)[1],
+        chain.append("untrusted_agent", "x", {}, wall_time=T0, monotonic=1.0)[1],  # other producer: fine
+        chain.append("trusted_harness", "x", {}, wall_time=T0, monotonic=4.0)[1],
+    ]
+    with pytest.raises(ChainError) as err:
+        verify_chain(b"".join(lines))
+    assert err.value.reason == "bad_time"
+    assert err.value.line == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.integers(0, 255))
+def test_any_flipped_byte_breaks_the_chain(position: int, value: int) -> None:
+    stream = bytearray(_stream(4))
+    position %= len(stream)
+    if stream[position] == value:
+        return
+    stream[position] = value
+    with pytest.raises(ChainError):
+        verify_chain(bytes(stream))
+
+
+def test_builder_refuses_unknown_producers_and_kinds() -> None:
+    with pytest.raises(ValueError, match="producer"):
+        ChainBuilder().append("me", "x", {}, wall_time=T0, monotonic=0)
+    with pytest.raises(ValueError, match="kind"):
+        ChainBuilder().append("trusted_harness", "Bad Kind", {}, wall_time=T0, monotonic=0)
+
+
+def test_merkle_root_rfc6962_vectors() -> None:
+    # RFC 6962 structure: MTH of 0, 1, 2 and 3 leaves computed by hand.
+    h = lambda b: hashlib.sha256(b).digest()  # noqa: E731
+    assert merkle_tree_hash([]) == h(b"")
+    assert merkle_tree_hash([b"a"]) == h(b"\x00a")
+    assert merkle_tree_hash([b"a", b"b"]) == h(b"\x01" + h(b"\x00a") + h(b"\x00b"))
+    ab = h(b"\x01" + h(b"\x00a") + h(b"\x00b"))
+    assert merkle_tree_hash([b"a", b"b", b"c"]) == h(b"\x01" + ab + h(b"\x00c"))
+
+
+def test_files_root_is_order_independent_and_content_sensitive() -> None:
+    d = {"b.json": "11" * 32, "a.json": "22" * 32}
+    assert files_root(d) == files_root(dict(reversed(list(d.items()))))
+    assert files_root(d) != files_root({**d, "a.json": "23" * 32})
