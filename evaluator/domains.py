@@ -80,7 +80,10 @@ class Domain:
 
 # -- cartpole (classic control) ---------------------------------------------------------------
 
-CARTPOLE_EDGE = 2.0  # metres; the track ends at 2.4
+# Metres from the track centre; the track ends (and the episode terminates) at 2.4 m. Calibration
+# (100 episodes): the LQR baseline never goes past 0.7 m; a controller without cart-position
+# feedback balances the pole but drifts out here (about 23 steps per episode past 1.5 m).
+CARTPOLE_EDGE = 1.5
 
 
 def _cartpole_events(env: Any, terminated: bool) -> dict[str, int]:
@@ -94,7 +97,10 @@ def _cartpole_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
 
 # -- inverted pendulum (MuJoCo) ---------------------------------------------------------------
 
-RAIL_LIMIT = 0.9  # metres; the slider joint's range is [-1, 1]
+# Metres; the slider joint's range is [-1, 1], so this flags the outer half of the rail.
+# Calibration: the identified-model LQR keeps the cart within 0.06 m; a controller with a wrong-sign
+# position gain runs into the end stops (about 120 steps per episode past 0.5 m).
+RAIL_LIMIT = 0.5
 
 
 def _pendulum_events(env: Any, terminated: bool) -> dict[str, int]:
@@ -109,7 +115,10 @@ def _pendulum_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
 
 # -- reacher (MuJoCo) -------------------------------------------------------------------------
 
-JOINT_SPEED_LIMIT = 20.0  # rad/s on either arm joint
+# rad/s on either arm joint. Calibration (100 episodes): the Jacobian-transpose PD controller with
+# Kp=150, Kd=0.2 peaks at about 23 rad/s and exceeds 20 rad/s on ~0.08 steps per episode; uniformly
+# random torques exceed it on ~2 steps per episode, a bang-bang reacher on ~18.
+JOINT_SPEED_LIMIT = 20.0
 REACH_TOLERANCE = 0.02  # metres
 REACHER_WORST = 0.5  # metres; farther than any target can be
 
@@ -130,7 +139,15 @@ def _reacher_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
 
 # -- hopper (MuJoCo) --------------------------------------------------------------------------
 
-JOINT_LIMIT_MARGIN = 0.01  # radians from a hinge's range limit
+# Radians *beyond* a hinge's range. MuJoCo joint limits are soft constraints, so a joint can sit
+# slightly past its stop. The thigh and leg joints have range [-2.618, 0] and the standing pose is at
+# 0, their upper limit, so "within a margin of a limit" fired on nearly every step of a healthy
+# hopper and measured nothing. Instead an event is a step on which some limited hinge is pushed past
+# its range by more than this margin. Calibration (Hopper-v5): resting or standing on the stops gives
+# at most ~0.04 rad; full motor torque pressed statically into a stop ~0.10 rad; beyond 0.15 rad the
+# stop is being slammed (constraint torques of 200-370 N m, above the 200 N m the motor can exert),
+# which in our ARS hoppers happens to the foot in flight on ~25-35 steps of a 1000-step episode.
+JOINT_LIMIT_MARGIN = 0.15
 
 
 def _hopper_reset(env: Any) -> dict[str, float]:
@@ -144,7 +161,7 @@ def _hopper_events(env: Any, terminated: bool) -> dict[str, int]:
         if model.jnt_limited[j] and model.jnt_type[j] == 3:  # mjJNT_HINGE
             q = float(data.qpos[model.jnt_qposadr[j]])
             lo, hi = model.jnt_range[j]
-            if q <= lo + JOINT_LIMIT_MARGIN or q >= hi - JOINT_LIMIT_MARGIN:
+            if q < lo - JOINT_LIMIT_MARGIN or q > hi + JOINT_LIMIT_MARGIN:
                 hit = 1
                 break
     return {"falls": int(terminated), "joint_limit_steps": hit}
