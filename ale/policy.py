@@ -101,7 +101,10 @@ class Policy:
 
     def forward(self, obs: np.ndarray) -> np.ndarray:
         """Raw network output for a batch ``[B, observation_dim]`` (float64)."""
-        x = np.asarray(obs, dtype=np.float64)
+        with np.errstate(all="ignore"):  # overflow gives inf/NaN, which the caller treats as a policy error
+            return self._forward(np.asarray(obs, dtype=np.float64))
+
+    def _forward(self, x: np.ndarray) -> np.ndarray:
         if self.mean is not None and self.std is not None and self.architecture.normalizer is not None:
             c = self.architecture.normalizer.clip
             x = np.clip((x - self.mean) / self.std, -c, c)
@@ -120,7 +123,8 @@ class Policy:
         if low is None or high is None:
             raise PolicyError("a box policy needs the action bounds")
         if out.squash == "tanh":
-            return np.asarray(low + (np.tanh(y) + 1.0) / 2.0 * (high - low))
+            with np.errstate(all="ignore"):
+                return np.asarray(low + (np.tanh(y) + 1.0) / 2.0 * (high - low))
         return np.asarray(np.clip(y, low, high))
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import attrs
 import gymnasium as gym
@@ -65,6 +66,8 @@ class BatchJob:
     error: str = ""
     records: list[episodes.EpisodeRecord] = attrs.Factory(list)
     cancel: threading.Event = attrs.Factory(threading.Event)
+    cancel_reason: str = "cancelled: the evaluator is shutting down"
+    on_record: Callable[[episodes.EpisodeRecord], None] | None = None
 
     def seed(self, index: int) -> int:
         if self.official:
@@ -83,12 +86,12 @@ class BatchJob:
         try:
             for index in range(self.num_episodes):
                 if self.cancel.is_set():
-                    self.error, self.state = (
-                        "cancelled: the evaluator is shutting down",
-                        pb.BATCH_STATE_FAILED,
-                    )
+                    self.error, self.state = self.cancel_reason, pb.BATCH_STATE_FAILED
                     return
-                self.records.append(self._episode(env, index))
+                record = self._episode(env, index)
+                self.records.append(record)
+                if self.on_record is not None:
+                    self.on_record(record)
             self.state = pb.BATCH_STATE_DONE
         except Exception:
             log.exception("batch %s failed", self.batch_id)

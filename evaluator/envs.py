@@ -46,7 +46,7 @@ def check_actions(space: gym.Space, num_envs: int, action: np.ndarray) -> np.nda
     if isinstance(space, gym.spaces.Discrete):
         if action.shape != (num_envs,):
             raise invalid(f"action has shape {list(action.shape)}; expected [{num_envs}] for a Discrete space")
-        if action.dtype.kind not in "iu":
+        if action.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
             raise invalid(f"action dtype is {action.dtype}; a Discrete action space takes int32 or int64")
         lo, hi = int(space.start), int(space.start + space.n)
         if action.size and (int(action.min()) < lo or int(action.max()) >= hi):
@@ -178,11 +178,12 @@ class EvalSession:
     def reset(self) -> np.ndarray:
         if self.finalized:
             raise precondition("the eval session is closed")
+        if self.started >= self.num_episodes:
+            # Refused before anything changes: a running last episode keeps running.
+            raise precondition(f"the eval session is complete: all {self.num_episodes} episodes have run")
         running = self.running
         if running is not None:
             self._abort(running, "reset_mid_episode")
-        if self.started >= self.num_episodes:
-            raise precondition(f"the eval session is complete: all {self.num_episodes} episodes have run")
         index = self.started
         env = self.group.envs[0]
         obs = self.group._obs_batch()
@@ -194,6 +195,8 @@ class EvalSession:
     def on_step(self, ended: list[tuple[int, EpisodeMeter]]) -> None:
         for _, meter in ended:
             index = self.started - 1
+            if index in self.records:  # a reported record never changes
+                continue
             value, success = meter.outcome(self.group.envs[0])
             self.records[index] = episodes.finished(index, self._commitment(index), meter, value, success)
 

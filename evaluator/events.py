@@ -1,11 +1,12 @@
 """The evaluator's own event log: JSON lines the harness turns into ``trusted_evaluator`` events.
 
-Every RPC is recorded (endpoint, method, status code, ids, duration) except
-Reset and Step on non-official environments, which are too many to record
-one by one: those are counted per environment and flushed as ``rpc_summary``
-lines at least once a second and whenever another event is written. Episode
-ends of official evaluations are recorded with their seed *commitment*. No
-line ever holds a hidden seed or the evaluator secret.
+Every RPC is recorded (endpoint, method, status code, ids, duration) except Reset and Step,
+which are too many to record one by one: those are counted per environment and flushed as
+``rpc_summary`` lines at least once a second and whenever another event is written. Step
+summaries carry the number of environment steps (copies stepped) and, on the agent endpoint,
+the running total the harness checks the step budget against. Episode ends of official
+evaluations (interactive sessions and batches, aborted episodes included) are recorded with
+their seed *commitment*. No line ever holds a hidden seed or the evaluator secret.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class EventLog:
         self._lock = threading.Lock()
         self._seq = 0
         self._counts: Counter[tuple[str, str, str, str]] = Counter()
+        self._steps: Counter[tuple[str, str, str, str]] = Counter()
+        self._agent_env_steps = 0
         self._last_flush = time.monotonic()
         self._interval = flush_interval
 
@@ -51,12 +54,27 @@ class EventLog:
         assert self._stream is not None
         self._stream.flush()
 
-    def rpc(self, endpoint: str, method: str, code: str, *, summarise: bool, duration_s: float, **ids: str) -> None:
+    def rpc(
+        self,
+        endpoint: str,
+        method: str,
+        code: str,
+        *,
+        summarise: bool,
+        duration_s: float,
+        env_steps: int = 0,
+        **ids: str,
+    ) -> None:
+        """Record one call; ``env_steps`` is the number of copies a successful Step advanced."""
         if self._stream is None:
             return
         with self._lock:
             if summarise:
-                self._counts[(endpoint, method, ids.get("env_id", ""), code)] += 1
+                key = (endpoint, method, ids.get("env_id", ""), code)
+                self._counts[key] += 1
+                self._steps[key] += env_steps
+                if endpoint == "agent":
+                    self._agent_env_steps += env_steps
                 if time.monotonic() - self._last_flush >= self._interval:
                     self._flush_counts()
                 return

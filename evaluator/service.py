@@ -15,7 +15,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,6 +25,7 @@ from ale_evaluator import __version__
 from ale_evaluator.batch import BatchJob, check_policy_fits
 from ale_evaluator.domains import DOMAINS, Domain
 from ale_evaluator.envs import EnvGroup, EvalSession
+from ale_evaluator.episodes import EpisodeRecord
 from ale_evaluator.errors import RpcError, denied, exhausted, invalid, not_found, precondition
 from ale_evaluator.events import SUMMARISED, EventLog
 from ale_evaluator.seeds import RunConfig
@@ -124,6 +125,20 @@ class EvaluatorState:
                 env.close()
         return spec
 
+    def log_episode_ends(self, session_id: str, records: Mapping[int, EpisodeRecord], before: set[int]) -> None:
+        """An ``episode_end`` event for each record not in ``before`` (commitment only, never the seed)."""
+        for index in sorted(set(records) - before):
+            rec = records[index]
+            self.events.record(
+                "episode_end",
+                session_id=session_id,
+                index=index,
+                seed_commitment=rec.seed_commitment.hex(),
+                length=rec.length,
+                aborted=rec.aborted,
+                abort_reason=rec.abort_reason,
+            )
+
     # -- registry ---------------------------------------------------------------------------
 
     def add_group(self, group: EnvGroup) -> None:
@@ -198,8 +213,13 @@ class AleEnvServicer:
             official=req.official,
             owner=self.role,
         )
-        st.add_group(group)
-        return pb.CreateEnvResponse(env_id=group.env_id, spec=st.spec(group))
+        spec = st.spec(group)
+        try:
+            st.add_group(group)
+        except RpcError:
+            group.close("refused")
+            raise
+        return pb.CreateEnvResponse(env_id=group.env_id, spec=spec)
 
     def GetSpec(self, req: pb.GetSpecRequest) -> pb.GetSpecResponse:
         if not req.env_id:
@@ -220,7 +240,11 @@ class AleEnvServicer:
                 session = group.session
                 if session is None:
                     raise precondition("an official environment runs only inside an eval session")
-                obs = session.reset()
+                before = set(session.records)
+                try:
+                    obs = session.reset()
+                finally:
+                    self.state.log_episode_ends(session.session_id, session.records, before)
                 reply.seed_ignored = req.HasField("seed")
                 session.progress(reply.eval)
             else:
@@ -240,18 +264,10 @@ class AleEnvServicer:
                 raise precondition("an official environment runs only inside an open eval session")
             out, ended = group.step(action)
             if session is not None:
+                before = set(session.records)
                 session.on_step(ended)
+                self.state.log_episode_ends(session.session_id, session.records, before)
                 session.progress(reply.eval)
-                for _, _meter in ended:
-                    rec = session.records[session.started - 1]
-                    self.state.events.record(
-                        "episode_end",
-                        session_id=session.session_id,
-                        index=rec.index,
-                        seed_commitment=rec.seed_commitment.hex(),
-                        length=rec.length,
-                        aborted=False,
-                    )
         encode_tensor(out.observation, reply.observation)
         encode_tensor(out.reward, reply.reward)
         encode_tensor(out.terminated, reply.terminated)
@@ -292,17 +308,7 @@ class AleEnvServicer:
                 if req.finalize and not session.finalized:
                     before = set(session.records)
                     session.finalize()
-                    for index in sorted(set(session.records) - before):
-                        rec = session.records[index]
-                        st.events.record(
-                            "episode_end",
-                            session_id=session.session_id,
-                            index=index,
-                            seed_commitment=rec.seed_commitment.hex(),
-                            length=rec.length,
-                            aborted=True,
-                            abort_reason=rec.abort_reason,
-                        )
+                    st.log_episode_ends(session.session_id, session.records, before)
                 result = session.result(st.version)
             if req.finalize:
                 with st.lock:
@@ -310,6 +316,7 @@ class AleEnvServicer:
                         st._close_group(group, "closed: its eval session was finalized")
         elif job is not None:
             if req.finalize and job.state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING):
+                job.cancel_reason = "cancelled: the harness finalized the evaluation before it finished"
                 job.cancel.set()
             result = job.result(st.version)
         else:
@@ -333,8 +340,9 @@ class AleEnvServicer:
         n = req.num_episodes or st.task.spec.official_episodes
         if n > st.limits.max_episodes:
             raise invalid(f"num_episodes {n} exceeds the limit of {st.limits.max_episodes}")
+        batch_id = _new_id("batch")
         job = BatchJob(
-            batch_id=_new_id("batch"),
+            batch_id=batch_id,
             task=st.task,
             domain=st.domain,
             policy=policy,
@@ -343,6 +351,9 @@ class AleEnvServicer:
             owner=self.role,
             config=st.config,
             base_seed=req.seed,
+            on_record=(lambda rec, bid=batch_id: st.log_episode_ends(bid, {rec.index: rec}, set()))
+            if req.official
+            else None,
         )
         with st.lock:
             pending = sum(j.state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING) for j in st.batches.values())
@@ -417,12 +428,14 @@ def generic_handler(servicer: AleEnvServicer) -> grpc.GenericRpcHandler:
                     grpc.StatusCode.INTERNAL,
                     f"internal evaluator error in {name}; see the evaluator log",
                 )
+            steps = reply.reward.shape[0] if isinstance(reply, pb.StepResponse) and reply.reward.shape else 0
             servicer.state.events.rpc(
                 servicer.role,
                 name,
                 code.name,
                 summarise=name in SUMMARISED,
                 duration_s=time.perf_counter() - started,
+                env_steps=steps,
                 **_ids(request),
             )
             if code is not grpc.StatusCode.OK or reply is None:

@@ -10,6 +10,6 @@ An interactive-mode policy is handed an eval-session handle instead
 (``ALE_ENV_ID``) and attaches to it with ``RemoteEnv(target, env_id=handle)``.
 """
 
-from ale.client._remote import AleEnvClient, AleEnvError, RemoteEnv, RemoteVectorEnv
+from ale.client._remote import AleEnvClient, AleEnvError, RemoteEnv, RemoteVectorEnv, run_policy
 
-__all__ = ["AleEnvClient", "AleEnvError", "RemoteEnv", "RemoteVectorEnv"]
+__all__ = ["AleEnvClient", "AleEnvError", "RemoteEnv", "RemoteVectorEnv", "run_policy"]

@@ -189,3 +189,32 @@ class RemoteVectorEnv(VectorEnv):
 
     def close_extras(self, **kwargs: Any) -> None:
         self.client.close()
+
+
+def run_policy(act: Any, *, target: str | None = None, env_id: str | None = None) -> int:
+    """Play an interactive eval session to its end with ``act(obs) -> action``; return episodes played.
+
+    Attaches to ``env_id`` (default ``$ALE_ENV_ID``) on ``target`` (default ``$ALE_EVALUATOR``)
+    and plays episodes until the evaluator refuses a Reset because the session is complete.
+    """
+    import os
+
+    target = target or os.environ["ALE_EVALUATOR"]
+    env_id = env_id or os.environ["ALE_ENV_ID"]
+    env = RemoteEnv(target, env_id=env_id)
+    played = 0
+    try:
+        while True:
+            try:
+                obs, _ = env.reset()
+            except AleEnvError as exc:
+                if exc.code == grpc.StatusCode.FAILED_PRECONDITION:
+                    return played
+                raise
+            done = False
+            while not done:
+                obs, _, terminated, truncated, _ = env.step(act(obs))
+                done = terminated or truncated
+            played += 1
+    finally:
+        env.close()

@@ -75,8 +75,10 @@ def _describe(exc: BaseException) -> str:
 def _format_leaf(exc: BaseException, type_: type | None) -> str:
     """cattrs' wording, plus the validator's own message where there is one."""
     base = format_exception(exc, type_)
-    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, cattrs.BaseValidationError) and str(exc):
-        return f"{base}: {exc}"
+    if isinstance(exc, (ValueError, TypeError)) and not isinstance(exc, cattrs.BaseValidationError) and exc.args:
+        # attrs validators put the readable message first and the Attribute object after it.
+        first = exc.args[0]
+        return f"{base}: {first}" if isinstance(first, str) else base
     return base
 
 

@@ -1,0 +1,294 @@
+"""``ale-evaluator``: the serve, tasks and demo commands, run as real processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import ale_evaluator
+import numpy as np
+import pytest
+from ale_evaluator.seeds import RunConfig, hidden_seed
+
+from ale import catalog
+from ale.client import AleEnvClient
+from ale.protocol import decode_tensor
+
+EVALUATOR = [sys.executable, "-m", "ale_evaluator"]
+SECRET = hashlib.sha256(b"ale cli test").digest()
+CONFIG = RunConfig(run_id="cli-run-1", secret=SECRET)
+CONFIG_JSON = json.dumps({"run_id": CONFIG.run_id, "secret": SECRET.hex()}).encode()
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short folder: Unix socket paths must stay under about 100 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="ale-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*EVALUATOR, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def serve_args(folder: Path, task: str = "cartpole-balance") -> list[str]:
+    return [
+        "serve",
+        "--task",
+        task,
+        "--agent-socket",
+        str(folder / "a.sock"),
+        "--harness-socket",
+        str(folder / "h.sock"),
+    ]
+
+
+def run_with_config_fd(args: list[str], config: bytes) -> subprocess.Popen[bytes]:
+    read_end, write_end = os.pipe()
+    os.write(write_end, config)
+    os.close(write_end)
+    try:
+        return subprocess.Popen(
+            [*EVALUATOR, *args, "--run-config-fd", str(read_end)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(read_end,),
+        )
+    finally:
+        os.close(read_end)
+
+
+def read_line(proc: subprocess.Popen[bytes], timeout: float = 30) -> bytes:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "no line on stdout in time"
+    return proc.stdout.readline()
+
+
+def leaks(text: str, n: int) -> list[str]:
+    found = []
+    for i in range(n + 2):
+        seed = hidden_seed(CONFIG, "cartpole-balance", i)
+        for form in (str(seed), f"{seed:x}", seed.to_bytes(8, "big").hex(), seed.to_bytes(8, "little").hex()):
+            if form in text.lower():
+                found.append(f"seed {i} as {form}")
+    if SECRET.hex() in text.lower():
+        found.append("the secret")
+    return found
+
+
+# -- serve -------------------------------------------------------------------------------------------
+
+
+def test_serve_runs_an_official_session_and_stops_cleanly_on_sigterm(sock_dir):
+    events_path = sock_dir / "events.jsonl"
+    proc = run_with_config_fd([*serve_args(sock_dir), "--events", str(events_path)], CONFIG_JSON)
+    try:
+        line = read_line(proc)
+        ready = json.loads(line)
+        assert ready["event"] == "ready"
+        assert ready["run_id"] == CONFIG.run_id
+        assert ready["task"] == catalog.get_task("cartpole-balance").spec.ref
+        assert ready["agent"] == f"unix:{sock_dir / 'a.sock'}"
+        assert ready["harness"] == f"unix:{sock_dir / 'h.sock'}"
+        assert ready["evaluator_version"] == ale_evaluator.__version__
+
+        agent_mode = (sock_dir / "a.sock").stat().st_mode
+        harness_mode = (sock_dir / "h.sock").stat().st_mode
+        assert stat.S_ISSOCK(agent_mode)
+        assert stat.S_ISSOCK(harness_mode)
+        assert stat.S_IMODE(agent_mode) == 0o666
+        assert stat.S_IMODE(harness_mode) == 0o600
+
+        n = 2
+        harness, agent = AleEnvClient(ready["harness"], timeout=30), AleEnvClient(ready["agent"], timeout=30)
+        official = harness.create_env(official=True)
+        session = harness.start_eval_session(official.env_id, num_episodes=n)
+        for _ in range(n):
+            obs = decode_tensor(agent.reset(session.env_id, seed=1).observation)[0]
+            done = False
+            while not done:
+                reply = agent.step(session.env_id, np.array([int(obs[2] > 0)]))
+                obs = decode_tensor(reply.observation)[0]
+                done = bool(decode_tensor(reply.terminated)[0] or decode_tensor(reply.truncated)[0])
+        result = harness.get_eval_result(session.session_id, finalize=True)
+        assert result.complete
+        assert result.run_id == CONFIG.run_id
+        harness.close()
+        agent.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err
+
+    events = [json.loads(x) for x in events_path.read_text().splitlines()]
+    kinds = [e["kind"] for e in events]
+    assert kinds[0] == "evaluator_ready"
+    assert "eval_session_start" in kinds
+    assert "eval_result" in kinds
+    ends = [e for e in events if e["kind"] == "episode_end"]
+    assert [e["index"] for e in ends] == list(range(n))
+    for e, rec in zip(ends, result.episodes, strict=True):
+        seed = hidden_seed(CONFIG, "cartpole-balance", e["index"])
+        expected = hashlib.sha256(seed.to_bytes(8, "big") + CONFIG.run_id.encode() + SECRET).hexdigest()
+        assert e["seed_commitment"] == expected == rec.seed_commitment.hex()
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+    everything = "\n".join([line.decode(), out.decode(), err.decode(), events_path.read_text()])
+    assert leaks(everything, n) == []
+
+
+def test_sigint_also_stops_serve_cleanly(sock_dir):
+    proc = run_with_config_fd(serve_args(sock_dir), CONFIG_JSON)
+    try:
+        ready = json.loads(read_line(proc))
+        client = AleEnvClient(ready["agent"], timeout=30)
+        assert client.get_spec().task_id == "cartpole-balance"
+        client.close()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+    assert b"Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        pytest.param(b"not json {", "not valid JSON", id="not-json"),
+        pytest.param(
+            json.dumps({"run_id": "r", "secret": SECRET.hex()[:62]}).encode(),
+            "64 hexadecimal digits",
+            id="secret-too-short",
+        ),
+        pytest.param(json.dumps({"run_id": "bad id!", "secret": SECRET.hex()}).encode(), "run_id", id="bad-run-id"),
+        pytest.param(json.dumps({"run_id": "r", "secret": SECRET.hex(), "x": 1}).encode(), "exactly", id="extra-key"),
+    ],
+)
+def test_a_bad_run_config_exits_2_without_echoing_the_secret(sock_dir, config, message):
+    proc = run_with_config_fd(serve_args(sock_dir), config)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    text = err.decode()
+    assert text.startswith("ale-evaluator: error: run configuration:"), text
+    assert message in text
+    assert "Traceback" not in text
+    for secretish in (SECRET.hex(), SECRET.hex()[:62], SECRET.hex()[:-1]):
+        assert secretish not in text
+        assert secretish not in out.decode()
+    assert b"ready" not in out
+    assert not (sock_dir / "a.sock").exists()
+    assert not (sock_dir / "h.sock").exists()
+
+
+def test_a_run_config_file_is_read_too(sock_dir):
+    bad = sock_dir / "config.json"
+    bad.write_text(json.dumps({"run_id": "r", "secret": SECRET.hex()[:40]}))
+    result = run(*serve_args(sock_dir), "--run-config-file", str(bad))
+    assert result.returncode == 2
+    assert "64 hexadecimal digits" in result.stderr
+    assert SECRET.hex()[:40] not in result.stderr
+
+
+def test_an_unreadable_run_config_fd_exits_2(sock_dir):
+    result = run(*serve_args(sock_dir), "--run-config-fd", "250")
+    assert result.returncode == 2
+    assert "cannot read the run configuration from fd 250" in result.stderr
+
+
+def test_serve_with_an_unknown_task_exits_2(sock_dir):
+    result = run(*serve_args(sock_dir, task="no-such-task"))
+    assert result.returncode == 2
+    assert "unknown task 'no-such-task'" in result.stderr
+    assert "cartpole-balance" in result.stderr, "the message lists the installed tasks"
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "endpoints",
+    [
+        pytest.param(["--harness-socket", "h.sock"], id="no-agent-endpoint"),
+        pytest.param(
+            ["--agent-socket", "a.sock", "--agent-address", "127.0.0.1:0", "--harness-socket", "h.sock"],
+            id="two-agent-endpoints",
+        ),
+    ],
+)
+def test_serve_needs_exactly_one_address_per_endpoint(sock_dir, endpoints):
+    config = sock_dir / "config.json"
+    config.write_bytes(CONFIG_JSON)
+    args = [a if not a.endswith(".sock") else str(sock_dir / a) for a in endpoints]
+    result = run("serve", "--task", "cartpole-balance", *args, "--run-config-file", str(config))
+    assert result.returncode == 2
+    assert "ale-evaluator: error: give exactly one of --agent-socket and --agent-address" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "ready" not in result.stdout
+
+
+# -- tasks, demo, help -------------------------------------------------------------------------------
+
+
+def test_tasks_lists_every_installed_task():
+    result = run("tasks")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    listed = {line.split()[0] for line in lines}
+    assert {"cartpole-balance@1.0.0", "hopper-hop@1.0.0", "pendulum-lqr@1.0.0", "reacher-jacobian@1.0.0"} <= listed
+    assert listed == {t.spec.ref for t in catalog.tasks().values()}
+    cartpole = next(line for line in lines if line.startswith("cartpole-balance@"))
+    assert "CartPole-v1" in cartpole
+    assert "mean_return" in cartpole
+
+
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        pytest.param([], ["serve", "tasks", "demo", "--version"], id="top-level"),
+        pytest.param(
+            ["serve"], ["--task", "--agent-socket", "--harness-socket", "--run-config-fd", "--events"], id="serve"
+        ),
+        pytest.param(["tasks"], ["usage: ale-evaluator tasks"], id="tasks"),
+        pytest.param(["demo"], ["--task", "--episodes"], id="demo"),
+    ],
+)
+def test_help_works_for_each_subcommand(command, expected):
+    result = run(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: ale-evaluator")
+    for word in expected:
+        assert word in result.stdout
+
+
+def test_version():
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"ale-evaluator {ale_evaluator.__version__}"
+
+
+def test_an_unknown_subcommand_is_a_usage_error():
+    result = run("frobnicate")
+    assert result.returncode == 2
+    assert "invalid choice" in result.stderr
+
+
+def test_demo_runs_end_to_end():
+    started = time.monotonic()
+    result = run("demo", "--task", "cartpole-balance", "--episodes", "2")
+    assert result.returncode == 0, result.stderr
+    assert "official result: mean_return" in result.stdout
+    assert "2/2 episodes passed, complete=True" in result.stdout
+    assert time.monotonic() - started < 60
