@@ -102,7 +102,9 @@ def test_bad_task_definitions_are_refused_with_the_field_named(overrides: dict[s
     assert needle in str(err.value)
 
 
-@pytest.mark.parametrize("raw", [b"", b"{", b"[]", b"null", b"\xff\xfe", b'{"schema": "ale-task/v1"}', b"1" * 2_000_000])
+@pytest.mark.parametrize(
+    "raw", [b"", b"{", b"[]", b"null", b"\xff\xfe", b'{"schema": "ale-task/v1"}', b"1" * 2_000_000]
+)
 def test_garbage_task_definitions_are_refused(raw: bytes) -> None:
     with pytest.raises(ParseError):
         parse_task(raw, paper=b"")
@@ -116,7 +118,8 @@ def test_release_manifest_hashes() -> None:
     assert manifest.required_task_set_hash == hashlib.sha256(canonical_json(refs)).hexdigest()
     installed = {t.spec.ref for t in catalog.tasks().values()}
     assert set(manifest.required_tasks) <= installed
-    assert manifest.cap == 1.5 and manifest.eps == 1e-9
+    assert manifest.cap == 1.5
+    assert manifest.eps == 1e-9
 
 
 def _release(**overrides: object) -> bytes:

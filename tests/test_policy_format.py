@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import pickle
 import struct
@@ -69,7 +70,7 @@ def test_discrete_output_is_argmax_plus_start() -> None:
 )
 def test_save_load_round_trip_preserves_the_function(widths: list[int], activation: str, seed: int) -> None:
     rng = np.random.default_rng(seed)
-    layers = [(rng.normal(size=(o, i)), rng.normal(size=o), activation) for i, o in zip(widths, widths[1:], strict=False)]
+    layers = [(rng.normal(size=(o, i)), rng.normal(size=o), activation) for i, o in itertools.pairwise(widths)]
     raw = save_policy(layers, output="clip")
     obs = rng.normal(size=(3, widths[0]))
     x = obs

@@ -25,7 +25,8 @@ DTYPES = [np.float32, np.float64, np.int32, np.int64, np.uint8, np.bool_]
 def test_tensors_round_trip_bit_exactly(array: np.ndarray) -> None:
     msg = pb.Tensor.FromString(encode_tensor(array).SerializeToString())
     back = decode_tensor(msg)
-    assert back.shape == array.shape and back.dtype == array.dtype
+    assert back.shape == array.shape
+    assert back.dtype == array.dtype
     assert back.tobytes() == array.tobytes()  # NaN payloads and -0.0 included
 
 
@@ -49,7 +50,8 @@ def test_wire_bytes_are_little_endian_whatever_the_input_order() -> None:
 def test_malformed_tensors_are_refused_clearly(msg: pb.Tensor, needle: str) -> None:
     with pytest.raises(ProtocolError) as err:
         decode_tensor(msg, what="action")
-    assert needle in str(err.value) and "action" in str(err.value)
+    assert needle in str(err.value)
+    assert "action" in str(err.value)
 
 
 def test_unsupported_dtype_is_refused_on_encode() -> None:
