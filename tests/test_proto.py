@@ -50,4 +50,5 @@ def test_service_has_exactly_the_eight_unary_rpcs() -> None:
         "GetBatchEvalStatus",
     ]
     for method in service.methods:
-        assert not method.client_streaming and not method.server_streaming, method.name
+        assert not method.client_streaming, method.name
+        assert not method.server_streaming, method.name
