@@ -1,0 +1,221 @@
+"""``task_results.json``: the evaluator's authoritative results as the bundle carries them.
+
+The harness converts each official ``EvalResult`` (protobuf) into this JSON form; the
+verifier parses it back with :func:`parse_task_results` and re-scores it with
+:func:`score_run`, the same function the runner used for the claimed scores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import attrs
+
+from ale.core.parse import loads
+from ale.core.release import ReleaseManifest
+from ale.core.scoring import Aggregate, TaskScore, aggregate, score_task
+
+TASK_RESULTS_SCHEMA = "ale-task-results/v1"
+SCORES_SCHEMA = "ale-score-breakdown/v1"
+
+
+def _finite(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{attr.name} must be finite")
+
+
+def _non_negative(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attr.name} must not be negative")
+
+
+@attrs.frozen
+class Episode:
+    index: int = attrs.field(validator=_non_negative)
+    seed_commitment: str  # 64 hex digits
+    episode_return: float = attrs.field(validator=_finite)
+    length: int = attrs.field(validator=_non_negative)
+    success: bool
+    safety_counts: dict[str, int]
+    terminated: bool
+    truncated: bool
+    aborted: bool
+    abort_reason: str
+    headline_value: float = attrs.field(validator=_finite)
+
+    @property
+    def passed(self) -> bool:
+        return not self.aborted and (self.terminated or self.truncated)
+
+
+@attrs.frozen
+class SafetyRate:
+    name: str
+    count: int = attrs.field(validator=_non_negative)
+    rate: float = attrs.field(validator=_finite)
+
+
+@attrs.frozen
+class EvalResult:
+    session_id: str
+    run_id: str
+    task_id: str
+    task_version: str
+    task_digest: str
+    mode: Literal["interactive", "batch"]
+    official: bool
+    complete: bool
+    num_episodes: int = attrs.field(validator=_non_negative)
+    episodes: tuple[Episode, ...]
+    headline_metric: str
+    headline_direction: Literal["higher", "lower"]
+    headline_value: float = attrs.field(validator=_finite)
+    safety: tuple[SafetyRate, ...]
+    passed_episodes: int = attrs.field(validator=_non_negative)
+    evaluator_version: str
+
+
+@attrs.frozen
+class TaskResult:
+    """One task of the run: its evaluator result, or why there is none."""
+
+    task: str  # id@version
+    genre: Literal["reproduction", "open"]
+    mode: Literal["interactive", "batch"]
+    official_episodes: int
+    status: Literal["completed", "not_completed"]
+    reason: str  # why not completed ("" when completed)
+    result: EvalResult | None
+
+
+@attrs.frozen
+class TaskResults:
+    schema: str = attrs.field(validator=attrs.validators.in_((TASK_RESULTS_SCHEMA,)))
+    run_id: str
+    tasks: tuple[TaskResult, ...]
+
+
+class ResultInconsistency(ValueError):
+    """A result that contradicts itself (the verifier's ``inconsistent_results``)."""
+
+
+def check_result(task: TaskResult) -> None:
+    """Recompute what an EvalResult derives from its episodes; raise on any difference."""
+    r = task.result
+    if task.status == "not_completed":
+        if r is not None and r.complete:
+            raise ResultInconsistency(f"{task.task}: a complete result is marked not completed")
+        return
+    if r is None:
+        raise ResultInconsistency(f"{task.task}: completed without a result")
+    if f"{r.task_id}@{r.task_version}" != task.task:
+        raise ResultInconsistency(f"{task.task}: the result is for {r.task_id}@{r.task_version}")
+    if not (r.complete and r.official):
+        raise ResultInconsistency(f"{task.task}: a completed task needs a complete, official result")
+    if len(r.episodes) != r.num_episodes or [e.index for e in r.episodes] != list(range(r.num_episodes)):
+        raise ResultInconsistency(f"{task.task}: episodes are not exactly 0..{r.num_episodes - 1}")
+    if r.num_episodes == 0:
+        raise ResultInconsistency(f"{task.task}: no episodes")
+    headline = sum(e.headline_value for e in r.episodes) / r.num_episodes
+    if not math.isclose(headline, r.headline_value, rel_tol=1e-9, abs_tol=1e-12):
+        raise ResultInconsistency(f"{task.task}: headline {r.headline_value} is not the episodes' mean {headline}")
+    if sum(e.passed for e in r.episodes) != r.passed_episodes:
+        raise ResultInconsistency(f"{task.task}: passed_episodes does not match the episodes")
+    if len({e.seed_commitment for e in r.episodes}) != r.num_episodes:
+        raise ResultInconsistency(f"{task.task}: seed commitments repeat")
+    for s in r.safety:
+        count = sum(e.safety_counts.get(s.name, 0) for e in r.episodes)
+        if count != s.count or not math.isclose(s.rate, count / r.num_episodes, rel_tol=1e-9, abs_tol=1e-12):
+            raise ResultInconsistency(f"{task.task}: safety metric {s.name} does not match the episodes")
+
+
+def parse_task_results(raw: bytes) -> TaskResults:
+    results = loads(raw, TaskResults, what="task_results.json", max_bytes=32 * 1024 * 1024)
+    seen = set()
+    for t in results.tasks:
+        if t.task in seen:
+            raise ResultInconsistency(f"{t.task} appears twice")
+        seen.add(t.task)
+        check_result(t)
+    return results
+
+
+@attrs.frozen
+class RunScore:
+    tasks: tuple[TaskScore, ...]
+    aggregate: Aggregate
+
+
+def score_run(results: TaskResults, release: ReleaseManifest, verdicts: Mapping[str, bool | None]) -> RunScore:
+    """Score every completed task against the release and aggregate (scoring.txt)."""
+    scores = []
+    for t in results.tasks:
+        if t.status != "completed" or t.result is None:
+            continue
+        r = t.result
+        target = release.target(t.task)
+        scores.append(
+            score_task(
+                task=t.task,
+                genre=t.genre,
+                metric=r.headline_metric,
+                direction=r.headline_direction,
+                measured=r.headline_value,
+                paper_value=target.paper_value,
+                safety_rates={s.name: s.rate for s in r.safety},
+                safety_limits=target.safety_limits,
+                faithful=verdicts.get(t.task),
+                episodes=r.num_episodes,
+                passed=r.passed_episodes,
+                cap=release.cap,
+                eps=release.eps,
+            )
+        )
+    return RunScore(
+        tuple(scores), aggregate(scores, required=release.required_tasks, missing_tasks=release.missing_tasks)
+    )
+
+
+def task_score_document(s: TaskScore) -> dict[str, Any]:
+    return {
+        "task": s.task,
+        "genre": s.genre,
+        "metric": s.metric,
+        "direction": s.direction,
+        "measured": s.measured,
+        "paper_value": s.paper_value,
+        "gap": s.gap,
+        "penalties": s.penalties,
+        "score": s.score,
+        "faithful": s.faithful,
+        "final": s.final,
+        "episodes": s.episodes,
+        "passed": s.passed,
+        "pass_rate": s.pass_rate,
+    }
+
+
+def score_breakdown_document(run_score: RunScore, release: ReleaseManifest) -> dict[str, Any]:
+    """``score_breakdown.json``: what the runner claims and what the verifier recomputes and compares."""
+    agg = run_score.aggregate
+    return {
+        "schema": SCORES_SCHEMA,
+        "release": release.release,
+        "cap": release.cap,
+        "eps": release.eps,
+        "tasks": [task_score_document(s) for s in run_score.tasks],
+        "aggregate": {
+            "method": release.aggregate,
+            "missing_tasks": release.missing_tasks,
+            "macro_mean": agg.macro_mean,
+            "categories": agg.categories,
+            "pass_rate": agg.pass_rate,
+            "covered": list(agg.covered),
+            "missing": list(agg.missing),
+            "extra": list(agg.extra),
+            "coverage_complete": agg.coverage_complete,
+            "required_task_set_hash": release.required_task_set_hash,
+        },
+    }

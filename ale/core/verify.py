@@ -1,0 +1,177 @@
+"""The offline half of verification: everything that can be proven from the bundle's bytes.
+
+Steps, in ``architecture.txt``'s order (the site adds the challenge token and persistence):
+
+1. decrypt, bounded decompression, safe tar inspection, allow-list (:func:`ale.core.bundle.unpack`);
+2. parse every JSON file strictly (``schema_invalid``);
+3. verify the trajectory's hash chain and that it binds the challenge nonce (``chain_invalid``);
+4. verify the integrity root: each file's SHA-256, the Merkle root, the chain head (``integrity_mismatch``);
+5. verify benchmark and task versions against the release, and coverage (``unknown_task_version``);
+6. recompute the scores from the evaluator results and compare them with the claimed ones
+   (``score_mismatch``).
+
+Each failure is a :class:`VerificationError` with a stable ``reason`` code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import zstandard
+
+from ale.core import bundle
+from ale.core.canonical import canonical_json
+from ale.core.merkle import files_root
+from ale.core.parse import ParseError
+from ale.core.release import ReleaseManifest
+from ale.core.results import (
+    ResultInconsistency,
+    RunScore,
+    TaskResults,
+    parse_task_results,
+    score_breakdown_document,
+    score_run,
+)
+from ale.core.trajectory import ChainError, ChainSummary, verify_chain
+
+MAX_EVENTS_BYTES = 256 * 1024 * 1024
+
+
+class VerificationError(ValueError):
+    """A bundle that fails a check; ``reason`` is stable (stored and returned by the verifier)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@attrs.frozen
+class Report:
+    manifest: dict[str, Any]
+    results: TaskResults
+    chain: ChainSummary
+    recomputed: RunScore
+    claimed: dict[str, Any]
+    faithfulness: dict[str, Any]
+    integrity: dict[str, Any]
+    network: dict[str, Any]
+    artifacts: dict[str, Any]
+
+
+def _object(files: Mapping[str, bytes], name: str, schema: str) -> dict[str, Any]:
+    try:
+        value = json.loads(files[name])
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise VerificationError("schema_invalid", f"{name} is not valid JSON") from None
+    if not isinstance(value, dict) or value.get("schema") != schema:
+        raise VerificationError("schema_invalid", f"{name} is not a {schema} document")
+    return value
+
+
+def _events(raw: bytes) -> bytes:
+    try:
+        reader = zstandard.ZstdDecompressor().decompressobj()
+        out = reader.decompress(raw[: 64 * 1024 * 1024])
+    except zstandard.ZstdError as exc:
+        raise VerificationError("schema_invalid", f"events.jsonl.zst is not zstd: {exc}") from None
+    if len(out) > MAX_EVENTS_BYTES:
+        raise VerificationError("too_large", "the trajectory decompresses beyond its limit")
+    return out
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Structural equality with floats compared to 1e-9 relative (JSON round trips are exact anyway)."""
+    if isinstance(a, float) or isinstance(b, float):
+        return (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def check_files(
+    files: Mapping[str, bytes],
+    *,
+    release_for: Callable[[str], tuple[ReleaseManifest, str] | None],
+    task_digests: Mapping[str, str],
+    expected_nonce: str | None = None,
+    check_nonce: bool = False,
+) -> Report:
+    """Steps 2 to 6 over the unpacked files.
+
+    ``release_for(sha256)`` returns the release manifest with that hash (or None when unknown);
+    ``task_digests`` maps ``id@version`` to the digest of the task this verifier knows.
+    """
+    manifest = _object(files, "manifest.json", "ale-bundle-manifest/v1")
+    claimed = _object(files, "score_breakdown.json", "ale-score-breakdown/v1")
+    faithfulness = _object(files, "faithfulness.json", "ale-faithfulness/v1")
+    network = _object(files, "network_summary.json", "ale-network-summary/v1")
+    artifacts = _object(files, "artifacts_manifest.json", "ale-artifacts-manifest/v1")
+    integrity = _object(files, "integrity.json", "ale-bundle-integrity/v1")
+    try:
+        results = parse_task_results(files["task_results.json"])
+    except ParseError as exc:
+        raise VerificationError("schema_invalid", str(exc)) from None
+    except ResultInconsistency as exc:
+        raise VerificationError("inconsistent_results", str(exc)) from None
+
+    try:
+        chain = verify_chain(_events(files["events.jsonl.zst"]), expected_nonce=expected_nonce, check_nonce=check_nonce)
+    except ChainError as exc:
+        raise VerificationError("chain_invalid", f"trajectory: {exc} ({exc.reason})") from None
+
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "integrity.json"}
+    if integrity.get("files") != digests:
+        raise VerificationError("integrity_mismatch", "a file's SHA-256 differs from integrity.json")
+    if integrity.get("merkle_root") != files_root(digests):
+        raise VerificationError("integrity_mismatch", "the Merkle root differs from integrity.json")
+    if integrity.get("chain_head") != chain.head:
+        raise VerificationError("integrity_mismatch", "the trajectory's chain head differs from integrity.json")
+    trajectory = manifest.get("trajectory") or {}
+    if trajectory.get("chain_head") != chain.head or trajectory.get("events") != chain.events:
+        raise VerificationError("integrity_mismatch", "the manifest's trajectory summary differs from the trajectory")
+
+    release_info = manifest.get("release") or {}
+    found = release_for(str(release_info.get("manifest_sha256")))
+    if found is None:
+        raise VerificationError("unknown_release", f"unknown release manifest {release_info.get('manifest_sha256')!r}")
+    release, _ = found
+    if results.run_id != manifest.get("run_id"):
+        raise VerificationError("inconsistent_results", "task_results.json belongs to another run")
+    for task in manifest.get("tasks") or []:
+        ref = f"{task.get('id')}@{task.get('version')}"
+        if task_digests.get(ref) != task.get("digest"):
+            raise VerificationError("unknown_task_version", f"{ref} (digest {task.get('digest')}) is not a known task")
+        if ref not in release.tasks:
+            raise VerificationError("unknown_task_version", f"{ref} is not part of release {release.release}")
+    for t in results.tasks:
+        if t.result is not None and t.result.task_digest != task_digests.get(t.task):
+            raise VerificationError("unknown_task_version", f"{t.task}: the evaluator ran a different task definition")
+        if t.result is not None and t.result.run_id != results.run_id:
+            raise VerificationError("inconsistent_results", f"{t.task}: the evaluator result belongs to another run")
+
+    verdicts = {ref: v.get("verdict") for ref, v in (faithfulness.get("tasks") or {}).items() if isinstance(v, dict)}
+    recomputed = score_run(results, release, {k: v if isinstance(v, bool) else None for k, v in verdicts.items()})
+    if not _close(json.loads(canonical_json(score_breakdown_document(recomputed, release))), claimed):
+        raise VerificationError(
+            "score_mismatch", "the claimed scores differ from the scores recomputed from the results"
+        )
+    return Report(manifest, results, chain, recomputed, claimed, faithfulness, integrity, network, artifacts)
+
+
+def unpack(ciphertext: bytes, identity: str, limits: bundle.Limits | None = None) -> dict[str, bytes]:
+    """Step 1, with bundle errors as VerificationError (same reason codes)."""
+    try:
+        return bundle.unpack(ciphertext, identity, limits)
+    except bundle.BundleError as exc:
+        raise VerificationError(exc.reason, str(exc)) from None

@@ -1,0 +1,167 @@
+"""Assemble the submission bundle from a finished run: the eight allow-listed files, encrypted.
+
+Scores are computed here with the pure core (:func:`ale.core.results.score_run`) from the very
+``task_results.json`` bytes that go into the bundle, so the verifier re-runs exactly this code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+from ale import __version__
+from ale.core import bundle
+from ale.core.canonical import canonical_json
+from ale.core.merkle import files_root
+from ale.core.results import RunScore, parse_task_results, score_breakdown_document, score_run
+from ale.core.trajectory import EVENT_SCHEMA
+from ale.runner.harness import RunRecord, task_results_json
+
+MANIFEST_SCHEMA = "ale-bundle-manifest/v1"
+FAITHFULNESS_SCHEMA = "ale-faithfulness/v1"
+NETWORK_SCHEMA = "ale-network-summary/v1"
+ARTIFACTS_SCHEMA = "ale-artifacts-manifest/v1"
+INTEGRITY_SCHEMA = "ale-bundle-integrity/v1"
+NO_JUDGE = "no faithfulness judge is configured: a reproduction task without a verdict is unfaithful (final 0)"
+
+
+def _json(value: Any) -> bytes:
+    """Bundle JSON files are canonical JSON (RFC 8785) plus a newline."""
+    return canonical_json(value) + b"\n"
+
+
+def _iso(ts: float) -> str:
+    from ale.core.trajectory import format_wall_time
+
+    return format_wall_time(ts)
+
+
+def faithfulness_verdicts(record: RunRecord) -> dict[str, Any]:
+    tasks = {}
+    for o in record.outcomes:
+        s = o.task.spec
+        if s.genre == "reproduction":
+            tasks[s.ref] = {"verdict": None, "judge": None, "reason": NO_JUDGE}
+        else:
+            tasks[s.ref] = {"verdict": None, "judge": None, "reason": "open genre: no faithfulness gate"}
+    return {"schema": FAITHFULNESS_SCHEMA, "tasks": tasks}
+
+
+def manifest_json(record: RunRecord) -> dict[str, Any]:
+    opts = record.options
+    return {
+        "schema": MANIFEST_SCHEMA,
+        "run_id": record.run_id,
+        "harness": {"name": "ale", "version": __version__},
+        "release": {
+            "name": opts.release_name,
+            "manifest_sha256": opts.release_sha256,
+            "required_task_set_hash": opts.release.required_task_set_hash,
+        },
+        "tasks": [
+            {
+                "id": o.task.spec.id,
+                "version": o.task.spec.version,
+                "digest": o.task.digest,
+                "genre": o.task.spec.genre,
+                "mode": o.task.spec.mode,
+                "official_episodes": o.task.spec.official_episodes,
+                "episodes_run": o.episodes,
+                "agent": o.agent,
+            }
+            for o in record.outcomes
+        ],
+        "agent": {
+            "name": opts.agent.name,
+            "command": list(opts.agent.command),
+            "declared": dict(opts.agent.declared),
+        },
+        "runtime": record.attestation,
+        "challenge": {"nonce": opts.nonce, "token": opts.challenge_token} if opts.nonce else None,
+        "trajectory": {"schema": EVENT_SCHEMA, "events": record.events, "chain_head": record.chain_head},
+        "run": {
+            "completed": True,
+            "official_episode_counts": opts.episodes is None,
+            "started": _iso(record.started),
+            "finished": _iso(record.finished),
+        },
+    }
+
+
+def network_summary_json() -> dict[str, Any]:
+    return {
+        "schema": NETWORK_SCHEMA,
+        "proxy": None,
+        "policy": "no network: the agent's sandbox has an empty network namespace and no proxy",
+        "requests": {"total": 0, "allowed": 0, "denied": 0},
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+    }
+
+
+def artifacts_manifest_json(record: RunRecord) -> dict[str, Any]:
+    return {
+        "schema": ARTIFACTS_SCHEMA,
+        "artifacts": [{"task": o.task.spec.ref, **o.artifact} for o in record.outcomes if o.artifact is not None],
+    }
+
+
+def build_files(record: RunRecord, trajectory: bytes) -> tuple[dict[str, bytes], RunScore]:
+    """The eight files of the bundle, and the scores they claim."""
+    results_raw = _json(task_results_json(record.run_id, record.outcomes))
+    faithfulness = faithfulness_verdicts(record)
+    verdicts = {ref: v["verdict"] for ref, v in faithfulness["tasks"].items()}
+    run_score = score_run(parse_task_results(results_raw), record.options.release, verdicts)
+    files = {
+        "manifest.json": _json(manifest_json(record)),
+        "events.jsonl.zst": zstandard.ZstdCompressor(level=10, write_checksum=True).compress(trajectory),
+        "task_results.json": results_raw,
+        "score_breakdown.json": _json(score_breakdown_document(run_score, record.options.release)),
+        "faithfulness.json": _json(faithfulness),
+        "network_summary.json": _json(network_summary_json()),
+        "artifacts_manifest.json": _json(artifacts_manifest_json(record)),
+    }
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    files["integrity.json"] = _json(
+        {
+            "schema": INTEGRITY_SCHEMA,
+            "files": digests,
+            "merkle_root": files_root(digests),
+            "chain_head": record.chain_head,
+            "signature": None,
+        }
+    )
+    return files, run_score
+
+
+def write_bundle(record: RunRecord, recipients: list[str], out_dir: Path) -> tuple[Path, RunScore]:
+    trajectory = record.trajectory.read_bytes()
+    files, run_score = build_files(record, trajectory)
+    ciphertext = bundle.pack(files, recipients)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{record.run_id}{bundle.BUNDLE_SUFFIX}"
+    tmp = path.with_suffix(".partial")
+    tmp.write_bytes(ciphertext)
+    tmp.replace(path)
+    return path, run_score
+
+
+def summary_lines(run_score: RunScore) -> list[str]:
+    lines = []
+    for s in run_score.tasks:
+        gate = "" if s.faithful is None else (" faithful" if s.faithful else " UNFAITHFUL (no judge verdict)")
+        lines.append(
+            f"{s.task}: {s.metric} = {s.measured:.4g} (paper {s.paper_value:.4g}), gap {s.gap:.3f}, "
+            f"penalties {json.dumps({k: round(v, 3) for k, v in s.penalties.items()})}, final {s.final:.3f},{gate} "
+            f"pass rate {s.pass_rate:.2f}"
+        )
+    agg = run_score.aggregate
+    mean = "n/a" if agg.macro_mean is None else f"{agg.macro_mean:.3f}"
+    lines.append(
+        f"macro mean {mean} over {len(agg.covered)} of {len(agg.covered) + len(agg.missing)} required tasks"
+        + ("" if agg.coverage_complete else f" (missing: {', '.join(agg.missing)})")
+    )
+    return lines

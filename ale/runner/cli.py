@@ -1,0 +1,229 @@
+"""``ale``: list tasks, run them with an agent, inspect a bundle."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import trio
+
+from ale import __version__, catalog
+
+BUNDLED_AGENTS = {
+    "demo": "ale.agents.demo",
+    "random": "ale.agents.random_agent",
+}
+
+
+class CliError(Exception):
+    """A problem the user can fix: printed without a traceback, exit status 2."""
+
+
+def _agent(args: argparse.Namespace):  # -> AgentSpec
+    from ale.runner.harness import AgentSpec
+
+    declared = {"model": args.model, "effort": args.effort}
+    if args.agent_cmd:
+        try:
+            command = tuple(shlex.split(args.agent_cmd))
+        except ValueError as exc:
+            raise CliError(f"--agent-cmd: {exc}") from None
+        if not command:
+            raise CliError("--agent-cmd is empty")
+        return AgentSpec(name=args.agent_name or Path(command[0]).name, command=command, declared=declared)
+    module = BUNDLED_AGENTS.get(args.agent)
+    if module is None:
+        raise CliError(
+            f"unknown bundled agent {args.agent!r}; choose from {', '.join(BUNDLED_AGENTS)} or use --agent-cmd"
+        )
+    python = str(Path(sys.prefix) / "bin" / "python")
+    return AgentSpec(name=f"ale-{args.agent}", command=(python, "-m", module), declared=declared)
+
+
+def _release(args: argparse.Namespace):
+    from ale.core.parse import ParseError
+    from ale.core.release import parse_release
+
+    try:
+        raw = Path(args.release_file).read_bytes() if args.release_file else catalog.release_bytes(args.release)
+    except OSError as exc:
+        raise CliError(f"cannot read the release manifest: {exc}") from None
+    except FileNotFoundError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        manifest, digest = parse_release(raw)
+    except ParseError as exc:
+        raise CliError(str(exc)) from None
+    name = manifest.release
+    return manifest, digest, name
+
+
+def _recipients(args: argparse.Namespace, out_dir: Path, run_hint: str) -> tuple[list[str], Path | None]:
+    import pyrage
+
+    recipients = list(args.recipient or [])
+    if not recipients and os.environ.get("ALE_RECIPIENT"):
+        recipients = [os.environ["ALE_RECIPIENT"]]
+    for r in recipients:
+        try:
+            pyrage.x25519.Recipient.from_str(r)
+        except pyrage.RecipientError:
+            raise CliError(f"--recipient {r!r} is not an age X25519 public key (age1...)") from None
+    if recipients:
+        return recipients, None
+    identity = pyrage.x25519.Identity.generate()
+    key_path = out_dir / f"{run_hint}.key"
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(f"# a local identity for a run without a site\n# public key: {identity.to_public()}\n{identity}\n")
+    return [str(identity.to_public())], key_path
+
+
+def cmd_tasks(args: argparse.Namespace) -> int:
+    manifest, _, _ = _release(args)
+    required = set(manifest.required_tasks)
+    for task in catalog.tasks().values():
+        s = task.spec
+        mark = "*" if s.ref in required else " "
+        print(
+            f"{mark} {s.ref:<26} {s.genre:<13} {s.mode:<12} {s.gym_id:<20} "
+            f"{s.headline.metric} ({s.headline.direction}), {s.official_episodes} episodes"
+        )
+    print(f"(* = in the required task set of release {manifest.release})")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ale.runner import bundle_writer
+    from ale.runner.harness import Harness, RunError, RunInterrupted, RunOptions
+    from ale.runner.local import LocalRuntime
+    from ale.runner.progress import LiveProgress, PlainProgress
+
+    manifest, digest, name = _release(args)
+    tasks = list(args.tasks)
+    if args.all:
+        tasks = [ref.split("@")[0] for ref in manifest.required_tasks]
+    if not tasks:
+        raise CliError("name at least one task (see `ale tasks`) or use --all")
+    for t in tasks:
+        try:
+            catalog.get_task(t)
+        except catalog.UnknownTaskError as exc:
+            raise CliError(str(exc)) from None
+    out_dir = Path(args.out)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".ale-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise CliError(f"the output folder {out_dir} is not writable: {exc.strerror}") from None
+    agent = _agent(args)
+    options = RunOptions(
+        tasks=tuple(tasks),
+        agent=agent,
+        release=manifest,
+        release_sha256=digest,
+        release_name=name,
+        episodes=args.episodes,
+        agent_time_s=args.agent_time,
+    )
+    plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
+    progress = PlainProgress() if plain else LiveProgress(tasks)
+    harness = Harness(options, LocalRuntime(args.sandbox), progress)
+    try:
+        record = trio.run(harness.run)
+    except RunInterrupted as exc:
+        progress.close()
+        print(f"ale: run interrupted; no bundle was written; {exc}", file=sys.stderr)
+        return 130
+    except RunError as exc:
+        progress.close()
+        print(f"ale: run failed, no bundle was written: {exc}", file=sys.stderr)
+        return 1
+    try:
+        progress.phase("run", "bundle", "scoring and encrypting")
+        recipients, key_path = _recipients(args, out_dir, record.run_id)
+        path, run_score = bundle_writer.write_bundle(record, recipients, out_dir)
+    finally:
+        progress.close()
+        shutil.rmtree(record.root, ignore_errors=True)
+    for o in record.outcomes:
+        if o.status != "completed":
+            print(f"{o.task.spec.ref}: not completed: {o.reason}", file=sys.stderr)
+    for line in bundle_writer.summary_lines(run_score):
+        print(line, file=sys.stderr)
+    if any(o.task.spec.genre == "reproduction" for o in record.outcomes):
+        print(f"note: {bundle_writer.NO_JUDGE}", file=sys.stderr)
+    if key_path is not None:
+        print(
+            f"note: no --recipient given: the bundle is encrypted to a new local key {key_path} "
+            "(a bundle without a site never rises above self_reported)",
+            file=sys.stderr,
+        )
+    print(path)
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from ale.runner.inspect import inspect_bundle
+
+    return inspect_bundle(Path(args.bundle), Path(args.identity), as_json=args.json)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ale", description="ALE Robotics: run tasks, inspect bundles.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def release_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--release", default=catalog.DEFAULT_RELEASE, help="installed release manifest name")
+        p.add_argument("--release-file", help="a release manifest JSON file instead of an installed one")
+
+    tasks = sub.add_parser("tasks", help="list the tasks of the installed release")
+    release_args(tasks)
+    tasks.set_defaults(func=cmd_tasks)
+
+    run = sub.add_parser("run", help="run tasks with an agent and write an encrypted bundle")
+    run.add_argument("tasks", nargs="*", help="task ids (see `ale tasks`)")
+    run.add_argument("--all", action="store_true", help="run the release's whole required task set")
+    run.add_argument("--agent", default="demo", help="a bundled agent: demo (default) or random")
+    run.add_argument("--agent-cmd", help="your agent: a command line run inside the sandbox")
+    run.add_argument("--agent-name", help="the agent's name on the board (default: the command's name)")
+    run.add_argument("--model", help="declared: the model the agent uses")
+    run.add_argument("--effort", help="declared: the effort tier")
+    run.add_argument("--recipient", action="append", help="age X25519 public key to encrypt to (repeatable)")
+    run.add_argument("--out", default="out", help="folder for the bundle (default ./out)")
+    run.add_argument("--episodes", type=int, help="override the official episode count (the run is then unofficial)")
+    run.add_argument("--agent-time", type=float, help="override the agent's wall-time budget, in seconds")
+    run.add_argument("--sandbox", choices=["bwrap", "unshare"], help="force a sandbox (default: the best available)")
+    run.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
+    release_args(run)
+    run.set_defaults(func=cmd_run)
+
+    inspect = sub.add_parser("inspect", help="decrypt a bundle and show what it holds")
+    inspect.add_argument("bundle", help="the .ale bundle")
+    inspect.add_argument("--identity", required=True, help="age identity file (AGE-SECRET-KEY-1...)")
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
+    inspect.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "episodes", None) is not None and args.episodes <= 0:
+        print("ale: error: --episodes must be positive", file=sys.stderr)
+        return 2
+    try:
+        return int(args.func(args))
+    except CliError as exc:
+        print(f"ale: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

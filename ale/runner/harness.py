@@ -1,0 +1,654 @@
+"""``ale run``: one Trio program that owns every process and deadline of a run.
+
+For each task, in order: start the evaluator (child process, hidden-seed secret handed over by
+descriptor); run the agent in its sandbox with the task's budgets; run the official evaluation
+over the harness's own endpoint (interactive: an eval session the agent's policy plays through
+its handle; batch: the policy artifact evaluated in-process on hidden seeds); stop the
+evaluator. Everything that happens is recorded in the hash-chained trajectory by its producer.
+Then score (the pure core, as the verifier will) and write the bundle.
+
+gRPC calls leave the event loop through worker threads; no blocking call runs on the loop.
+Ctrl-C or SIGTERM stops the agent and the evaluator, flushes the trajectory marked
+``run_interrupted`` and writes no bundle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import stat
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from ale import __version__, catalog
+from ale.client import AleEnvClient, AleEnvError
+from ale.core.release import ReleaseManifest
+from ale.core.results import TASK_RESULTS_SCHEMA
+from ale.env.v1 import env_pb2 as pb
+from ale.policy import MAX_POLICY_BYTES
+from ale.runner.progress import Progress
+from ale.runner.recorder import Recorder, clip_text, open_recorder
+from ale.runner.runtime import EvaluatorHandle, EvaluatorSpec, Runtime
+from ale.runner.sandbox import SANDBOX_UID, SOCKET_PATH, TASK_PATH, WORKSPACE_PATH, Limits, SandboxSpec, sandbox_path
+
+AGENT_EVENT_KINDS = frozenset({"message", "tool_call", "tool_result", "shell_command", "api_usage", "note"})
+HIDDEN_REASONING_KINDS = frozenset({"thought", "thoughts", "reasoning", "thinking", "chain_of_thought"})
+POLICY_ENTRYPOINT = "policy"
+POLICY_ARTIFACT = "policy.safetensors"
+
+
+class RunError(Exception):
+    """The run cannot go on; the message says why. No bundle is written."""
+
+
+class RunInterrupted(Exception):
+    """Ctrl-C or SIGTERM: the run stopped early; the trajectory is kept, no bundle."""
+
+
+@attrs.frozen
+class AgentSpec:
+    name: str
+    command: tuple[str, ...]
+    declared: dict[str, Any] = attrs.Factory(dict)  # model, effort tier: submitter-declared
+
+
+@attrs.frozen
+class RunOptions:
+    tasks: tuple[str, ...]
+    agent: AgentSpec
+    release: ReleaseManifest
+    release_sha256: str
+    release_name: str
+    episodes: int | None = None  # override the official episode count (marks the run unofficial)
+    agent_time_s: float | None = None  # override the wall-time budget
+    eval_time_s: float | None = None
+    limits: Limits = attrs.Factory(Limits)
+    nonce: str | None = None
+    challenge_token: str | None = None
+    workdir: Path | None = None
+
+
+@attrs.define
+class TaskOutcome:
+    """What the harness learned about one task; becomes an entry of task_results.json."""
+
+    task: catalog.Task
+    status: str = "not_completed"
+    reason: str = ""
+    result: dict[str, Any] | None = None
+    agent: dict[str, Any] = attrs.Factory(dict)
+    artifact: dict[str, Any] | None = None
+    episodes: int = 0
+
+    def entry(self) -> dict[str, Any]:
+        s = self.task.spec
+        return {
+            "task": s.ref,
+            "genre": s.genre,
+            "mode": s.mode,
+            "official_episodes": s.official_episodes,
+            "status": self.status,
+            "reason": self.reason,
+            "result": self.result,
+        }
+
+
+@attrs.define
+class RunRecord:
+    run_id: str
+    root: Path  # the run folder; the caller removes it once the bundle is written
+    options: RunOptions
+    trajectory: Path
+    outcomes: list[TaskOutcome]
+    attestation: dict[str, Any]
+    started: float
+    finished: float
+    chain_head: str
+    events: int
+
+
+def eval_result_json(r: pb.EvalResult) -> dict[str, Any]:
+    """The JSON form of an EvalResult (``ale.core.results.EvalResult``)."""
+    return {
+        "session_id": r.session_id,
+        "run_id": r.run_id,
+        "task_id": r.task_id,
+        "task_version": r.task_version,
+        "task_digest": r.task_digest,
+        "mode": r.mode,
+        "official": r.official,
+        "complete": r.complete,
+        "num_episodes": r.num_episodes,
+        "episodes": [
+            {
+                "index": e.index,
+                "seed_commitment": e.seed_commitment.hex(),
+                "episode_return": e.episode_return,
+                "length": e.length,
+                "success": e.success,
+                "safety_counts": dict(sorted(e.safety_counts.items())),
+                "terminated": e.terminated,
+                "truncated": e.truncated,
+                "aborted": e.aborted,
+                "abort_reason": e.abort_reason,
+                "headline_value": e.headline_value,
+            }
+            for e in r.episodes
+        ],
+        "headline_metric": r.headline_metric,
+        "headline_direction": r.headline_direction,
+        "headline_value": r.headline_value,
+        "safety": [{"name": s.name, "count": s.count, "rate": s.rate} for s in r.safety],
+        "passed_episodes": r.passed_episodes,
+        "evaluator_version": r.evaluator_version,
+    }
+
+
+def task_results_json(run_id: str, outcomes: list[TaskOutcome]) -> dict[str, Any]:
+    return {"schema": TASK_RESULTS_SCHEMA, "run_id": run_id, "tasks": [o.entry() for o in outcomes]}
+
+
+def _task_readme(task: catalog.Task) -> str:
+    s = task.spec
+    policy = (
+        f"an executable {WORKSPACE_PATH}/{POLICY_ENTRYPOINT} (it is run with ALE_ENV_ID, the eval-session handle)"
+        if s.mode == "interactive"
+        else f"a policy artifact {WORKSPACE_PATH}/{POLICY_ARTIFACT} (docs/policy-format.md)"
+    )
+    return (
+        f"# {s.id} {s.version}: {s.title}\n\n"
+        f"Read {TASK_PATH}/paper.md. Talk to the evaluator at unix:{SOCKET_PATH} with `ale.client`.\n"
+        f"Leave {policy}.\nBudgets: {s.budgets.wall_time_s} s wall time, {s.budgets.env_steps} environment steps, "
+        f"{s.budgets.llm_tokens} LLM tokens. There is no network.\n"
+    )
+
+
+class EvaluatorTail:
+    """Turns the evaluator's JSONL event log into trusted_evaluator events, incrementally."""
+
+    def __init__(self, path: Path, recorder: Recorder, task_ref: str) -> None:
+        self.path, self.recorder, self.task_ref = path, recorder, task_ref
+        self.offset = 0
+        self.partial = b""
+        self.agent_env_steps = 0
+        self.last_monotonic = 0.0
+
+    def _read(self) -> bytes:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return b""
+        self.offset += len(data)
+        return data
+
+    async def poll(self) -> None:
+        data = self.partial + await trio.to_thread.run_sync(self._read)
+        *lines, self.partial = data.split(b"\n")
+        for line in lines:
+            try:
+                event = json.loads(line)
+                kind = str(event.pop("kind"))
+                wall, mono = float(event.pop("wall_time")), float(event.pop("monotonic"))
+            except (ValueError, KeyError, TypeError):
+                self.recorder.emit("trusted_harness", "unreadable_evaluator_event", {"task": self.task_ref})
+                continue
+            if "agent_env_steps_total" in event:
+                self.agent_env_steps = max(self.agent_env_steps, int(event["agent_env_steps_total"]))
+            mono = max(mono, self.last_monotonic)  # one producer, one clock: never backwards
+            self.last_monotonic = mono
+            event["evaluator_seq"] = event.pop("seq", None)
+            self.recorder.emit(
+                "trusted_evaluator", kind, {"task": self.task_ref, **event}, wall_time=wall, monotonic=mono
+            )
+
+    async def run(self) -> None:
+        while True:
+            await self.poll()
+            await trio.sleep(0.25)
+
+
+def _agent_sink(recorder: Recorder, producer_kind_prefix: str = "") -> Callable[[str, bytes], None]:
+    def sink(stream: str, line: bytes) -> None:
+        if stream in ("stdout", "stderr"):
+            text = line.decode("utf-8", errors="replace")
+            recorder.emit("untrusted_agent", producer_kind_prefix + stream, {"text": clip_text(text)})
+            return
+        try:
+            event = json.loads(line)
+            kind, data = event["kind"], event.get("data", {})
+        except (ValueError, KeyError, TypeError):
+            recorder.emit("trusted_harness", "rejected_agent_event", {"reason": "not a JSON object with a kind"})
+            return
+        if not isinstance(kind, str) or not isinstance(data, dict):
+            recorder.emit(
+                "trusted_harness", "rejected_agent_event", {"reason": "kind must be a string, data an object"}
+            )
+        elif kind.lower() in HIDDEN_REASONING_KINDS:
+            recorder.emit("trusted_harness", "rejected_agent_event", {"reason": "hidden reasoning is never recorded"})
+        elif kind not in AGENT_EVENT_KINDS:
+            recorder.emit(
+                "trusted_harness", "rejected_agent_event", {"reason": f"unknown kind {clip_text(kind, 64)!r}"}
+            )
+        else:
+            try:
+                recorder.emit("untrusted_agent", kind, _clip_data(data))
+            except (ValueError, TypeError):
+                recorder.emit("trusted_harness", "rejected_agent_event", {"reason": "data has no canonical JSON form"})
+
+    return sink
+
+
+def _clip_data(data: dict[str, Any]) -> dict[str, Any]:
+    raw = json.dumps(data)
+    if len(raw) <= 64 * 1024:
+        return data
+    return {"truncated": True, "json": raw[: 64 * 1024]}
+
+
+def _prepare_dirs(root: Path, task: catalog.Task) -> tuple[Path, Path, Path]:
+    """(task files, workspace, agent socket folder) for one task."""
+    task_dir = root / "tasks" / task.spec.id
+    task_dir.mkdir(parents=True)
+    (task_dir / "paper.md").write_text(task.paper, encoding="utf-8")
+    (task_dir / "task.json").write_text(json.dumps(_public_task_json(task), indent=2) + "\n", encoding="utf-8")
+    (task_dir / "README.md").write_text(_task_readme(task), encoding="utf-8")
+    for p in [task_dir, *task_dir.iterdir()]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    workspace = root / "workspace" / task.spec.id
+    workspace.mkdir(parents=True)
+    sockets = root / "agent-sockets" / task.spec.id
+    sockets.mkdir(parents=True)
+    sockets.chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(workspace, SANDBOX_UID, SANDBOX_UID)
+    for p in (root / "tasks", root / "workspace", root / "agent-sockets"):
+        p.chmod(0o755)
+    return task_dir, workspace, sockets
+
+
+def _public_task_json(task: catalog.Task) -> dict[str, Any]:
+    from ale.core.parse import converter
+
+    return {"digest": task.digest, **converter.unstructure(task.spec)}
+
+
+class Harness:
+    def __init__(self, options: RunOptions, runtime: Runtime, progress: Progress) -> None:
+        self.options = options
+        self.runtime = runtime
+        self.progress = progress
+        self.run_id = f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+    def _env(self, task: catalog.Task) -> dict[str, str]:
+        s = task.spec
+        return {
+            "ALE_EVALUATOR": f"unix:{SOCKET_PATH}",
+            "ALE_TASK_ID": s.id,
+            "ALE_TASK_VERSION": s.version,
+            "ALE_TASK_DIR": TASK_PATH,
+            "ALE_WORKSPACE": WORKSPACE_PATH,
+            "ALE_MODE": s.mode,
+            "ALE_BUDGET_WALL_TIME_S": str(int(self._agent_time(task))),
+            "ALE_BUDGET_ENV_STEPS": str(s.budgets.env_steps),
+            "ALE_BUDGET_LLM_TOKENS": str(s.budgets.llm_tokens),
+            "HOME": WORKSPACE_PATH,
+            "PATH": sandbox_path(),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def _agent_time(self, task: catalog.Task) -> float:
+        return self.options.agent_time_s or float(task.spec.budgets.wall_time_s)
+
+    async def run(self) -> RunRecord:
+        """Run every task; raise RunInterrupted on Ctrl-C/SIGTERM, RunError when it cannot go on."""
+        for ref in self.options.tasks:
+            catalog.get_task(ref)
+        attestation, root = await trio.to_thread.run_sync(self._setup)
+        private = root / "private"
+        trajectory = private / "events.jsonl"
+        started = time.time()
+        outcomes: list[TaskOutcome] = []
+        interrupted = False
+        try:
+            async with open_recorder(trajectory) as rec:
+                rec.emit(
+                    "trusted_harness",
+                    "run_started",
+                    {
+                        "nonce": self.options.nonce,
+                        "run_id": self.run_id,
+                        "harness_version": __version__,
+                        "tasks": [catalog.get_task(t).spec.ref for t in self.options.tasks],
+                        "release": self.options.release_name,
+                        "release_sha256": self.options.release_sha256,
+                        "agent": {"name": self.options.agent.name, "command": list(self.options.agent.command)},
+                        "runtime": attestation.get("runtime"),
+                        "sandbox": attestation.get("sandbox"),
+                    },
+                )
+                try:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(self._watch_signals, nursery.cancel_scope)
+                        for ref in self.options.tasks:
+                            outcome = await self._run_task(catalog.get_task(ref), root, private, rec)
+                            outcomes.append(outcome)
+                        nursery.cancel_scope.cancel()
+                    if getattr(self, "_signalled", None):
+                        raise KeyboardInterrupt
+                except (KeyboardInterrupt, trio.Cancelled):
+                    interrupted = True
+                    rec.emit(
+                        "trusted_harness", "run_interrupted", {"completed_tasks": len(outcomes), "incomplete": True}
+                    )
+                    raise
+                except RunError as exc:
+                    rec.emit("trusted_harness", "run_failed", {"reason": str(exc)})
+                    raise
+                rec.emit(
+                    "trusted_harness",
+                    "run_finished",
+                    {"tasks": {o.task.spec.ref: o.status for o in outcomes}},
+                )
+                head, events = rec.head, rec.chain.seq
+        except KeyboardInterrupt:
+            raise RunInterrupted(self._keep_incomplete(trajectory)) from None
+        except RunError:
+            self._keep_incomplete(trajectory)
+            raise
+        finally:
+            if not interrupted:
+                shutil.rmtree(root / "workspace", ignore_errors=True)
+        return RunRecord(
+            run_id=self.run_id,
+            root=root,
+            options=self.options,
+            trajectory=trajectory,
+            outcomes=outcomes,
+            attestation=attestation,
+            started=started,
+            finished=time.time(),
+            chain_head=head,
+            events=events,
+        )
+
+    def _setup(self) -> tuple[dict[str, Any], Path]:
+        """Blocking set-up, run in a worker thread: check the runtime, attest, make the run folder."""
+        self.runtime.check()
+        attestation = self.runtime.attestation()
+        root = Path(tempfile.mkdtemp(prefix="ale-run-", dir=self.options.workdir))
+        root.chmod(0o711)  # the sandbox uid may traverse to its bind sources, not list them
+        (root / "private").mkdir(mode=0o700)
+        return attestation, root
+
+    def _keep_incomplete(self, trajectory: Path) -> str:
+        target = Path.cwd() / f"{self.run_id}.incomplete.jsonl"
+        try:
+            shutil.copyfile(trajectory, target)
+        except OSError:
+            return f"the trajectory stays at {trajectory}"
+        return f"the incomplete trajectory is at {target}"
+
+    async def _watch_signals(self, scope: trio.CancelScope) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                self._signalled = True
+                self.progress.note("interrupted: stopping the agent and the evaluator")
+                scope.cancel()
+                return
+
+    async def _run_task(self, task: catalog.Task, root: Path, private: Path, rec: Recorder) -> TaskOutcome:
+        s = task.spec
+        outcome = TaskOutcome(task=task)
+        task_dir, workspace, sockets = await trio.to_thread.run_sync(_prepare_dirs, root, task)
+        config = json.dumps({"run_id": self.run_id, "secret": secrets.token_hex(32)}).encode()
+        spec = EvaluatorSpec(
+            task_id=s.id,
+            run_config=config,
+            agent_socket=sockets / "evaluator.sock",
+            harness_socket=private / f"{s.id}.harness.sock",
+            events_path=private / f"{s.id}.evaluator.jsonl",
+        )
+        self.progress.phase(s.id, "evaluator", "starting")
+        rec.emit("trusted_harness", "task_started", {"task": s.ref, "digest": task.digest, "mode": s.mode})
+        try:
+            evaluator_cm = self.runtime.open_evaluator(spec)
+            async with evaluator_cm as ev, trio.open_nursery() as nursery:
+                tail = EvaluatorTail(spec.events_path, rec, s.ref)
+                nursery.start_soon(tail.run)
+                rec.emit("trusted_harness", "evaluator_started", {"task": s.ref})
+                await self._agent_phase(task, ev, tail, task_dir, workspace, rec, outcome)
+                self._check_alive(ev, task)
+                await self._official_phase(task, ev, task_dir, workspace, rec, outcome)
+                self._check_alive(ev, task)
+                await tail.poll()
+                nursery.cancel_scope.cancel()
+            await tail.poll()
+        except OSError as exc:
+            raise RunError(f"{s.id}: {exc}") from None
+        rec.emit(
+            "trusted_harness", "task_finished", {"task": s.ref, "status": outcome.status, "reason": outcome.reason}
+        )
+        self.progress.phase(s.id, "done" if outcome.status == "completed" else "not completed", outcome.reason)
+        return outcome
+
+    @staticmethod
+    def _check_alive(ev: EvaluatorHandle, task: catalog.Task) -> None:
+        if not ev.alive():
+            raise RunError(f"the evaluator of {task.spec.id} died mid-run:\n{ev.stderr_tail()}")
+
+    async def _agent_phase(
+        self,
+        task: catalog.Task,
+        ev: EvaluatorHandle,
+        tail: EvaluatorTail,
+        task_dir: Path,
+        workspace: Path,
+        rec: Recorder,
+        outcome: TaskOutcome,
+    ) -> None:
+        s = task.spec
+        budget_s = self._agent_time(task)
+        command = self.options.agent.command
+        self.progress.phase(s.id, "agent", f"{self.options.agent.name}: {budget_s:.0f} s budget")
+        rec.emit(
+            "trusted_harness",
+            "agent_started",
+            {"task": s.ref, "command": list(command), "wall_time_budget_s": budget_s},
+        )
+        started = time.monotonic()
+
+        async def should_stop() -> str:
+            await tail.poll()
+            self.progress.update(
+                s.id,
+                f"{time.monotonic() - started:.0f}/{budget_s:.0f} s, "
+                f"{tail.agent_env_steps}/{s.budgets.env_steps} env steps",
+            )
+            if not ev.alive():
+                return "evaluator_died"
+            return "env_steps" if tail.agent_env_steps > s.budgets.env_steps else ""
+
+        result = await self.runtime.run_sandboxed(
+            SandboxSpec(
+                command=command,
+                workspace=workspace,
+                workspace_writable=True,
+                task_dir=task_dir,
+                evaluator_socket=ev.agent_socket,
+                env=self._env(task),
+                limits=self.options.limits,
+                wall_time_s=budget_s,
+            ),
+            _agent_sink(rec),
+            should_stop=should_stop,
+        )
+        outcome.agent = {
+            "exit_status": result.exit_status,
+            "stopped_for": result.stopped_for,
+            "wall_time_s": round(result.wall_time_s, 3),
+            "env_steps": tail.agent_env_steps,
+        }
+        if result.dropped_output_bytes:
+            rec.emit(
+                "trusted_harness", "output_truncated", {"task": s.ref, "dropped_bytes": result.dropped_output_bytes}
+            )
+        rec.emit("trusted_harness", "agent_finished", {"task": s.ref, **outcome.agent})
+        if result.stopped_for == "evaluator_died":
+            raise RunError(f"the evaluator of {s.id} died while the agent ran:\n{ev.stderr_tail()}")
+
+    async def _official_phase(
+        self,
+        task: catalog.Task,
+        ev: EvaluatorHandle,
+        task_dir: Path,
+        workspace: Path,
+        rec: Recorder,
+        outcome: TaskOutcome,
+    ) -> None:
+        s = task.spec
+        n = self.options.episodes or s.official_episodes
+        outcome.episodes = n
+        self.progress.phase(s.id, "official evaluation", f"{n} episodes on hidden seeds")
+        rec.emit("trusted_harness", "official_evaluation_started", {"task": s.ref, "mode": s.mode, "episodes": n})
+        client = AleEnvClient(ev.harness_target, timeout=60)
+        try:
+            if s.mode == "batch":
+                result = await self._official_batch(task, client, workspace, n, outcome, rec)
+            else:
+                result = await self._official_interactive(task, ev, client, task_dir, workspace, n, outcome, rec)
+        except AleEnvError as exc:
+            self._check_alive(ev, task)
+            raise RunError(f"{s.id}: the evaluator refused the official evaluation: {exc}") from None
+        finally:
+            client.close()
+        if result is None:
+            rec.emit("trusted_harness", "official_evaluation_skipped", {"task": s.ref, "reason": outcome.reason})
+            return
+        outcome.result = eval_result_json(result)
+        if result.complete and result.official:
+            outcome.status = "completed"
+        else:
+            outcome.reason = outcome.reason or "the official evaluation did not complete"
+        rec.emit(
+            "trusted_harness",
+            "official_evaluation_finished",
+            {
+                "task": s.ref,
+                "complete": result.complete,
+                "headline_metric": result.headline_metric,
+                "headline_value": result.headline_value,
+                "passed_episodes": result.passed_episodes,
+                "num_episodes": result.num_episodes,
+            },
+        )
+
+    async def _official_batch(
+        self, task: catalog.Task, client: AleEnvClient, workspace: Path, n: int, outcome: TaskOutcome, rec: Recorder
+    ) -> pb.EvalResult | None:
+        path = workspace / POLICY_ARTIFACT
+        try:
+            info = await trio.Path(path).lstat()
+        except FileNotFoundError:
+            outcome.reason = f"the agent left no policy artifact at {WORKSPACE_PATH}/{POLICY_ARTIFACT}"
+            return None
+        if not stat.S_ISREG(info.st_mode):
+            outcome.reason = f"{WORKSPACE_PATH}/{POLICY_ARTIFACT} is not a regular file"
+            return None
+        if info.st_size > MAX_POLICY_BYTES:
+            outcome.reason = f"the policy artifact is {info.st_size} bytes; the limit is {MAX_POLICY_BYTES}"
+            return None
+        policy = await trio.to_thread.run_sync(path.read_bytes)
+        outcome.artifact = {
+            "path": f"{WORKSPACE_PATH}/{POLICY_ARTIFACT}",
+            "bytes": len(policy),
+            "sha256": hashlib.sha256(policy).hexdigest(),
+        }
+        rec.emit("trusted_harness", "policy_artifact", {"task": task.spec.ref, **outcome.artifact})
+        try:
+            batch = await trio.to_thread.run_sync(
+                lambda: client.submit_batch_eval(policy, official=True, num_episodes=n)
+            )
+        except AleEnvError as exc:
+            if exc.code.name == "INVALID_ARGUMENT":
+                outcome.reason = f"the evaluator refused the policy artifact: {exc.details}"
+                return None
+            raise
+        while True:
+            status = await trio.to_thread.run_sync(client.get_batch_eval_status, batch.batch_id)
+            self.progress.update(task.spec.id, f"{status.episodes_done}/{status.num_episodes} episodes")
+            if status.state in (pb.BATCH_STATE_DONE, pb.BATCH_STATE_FAILED):
+                break
+            await trio.sleep(0.2)
+        if status.state == pb.BATCH_STATE_FAILED:
+            outcome.reason = f"the batch evaluation failed: {status.error}"
+        return await trio.to_thread.run_sync(lambda: client.get_eval_result(batch.batch_id, finalize=True))
+
+    async def _official_interactive(
+        self,
+        task: catalog.Task,
+        ev: EvaluatorHandle,
+        client: AleEnvClient,
+        task_dir: Path,
+        workspace: Path,
+        n: int,
+        outcome: TaskOutcome,
+        rec: Recorder,
+    ) -> pb.EvalResult | None:
+        path = workspace / POLICY_ENTRYPOINT
+        try:
+            info = await trio.Path(path).lstat()
+        except FileNotFoundError:
+            outcome.reason = f"the agent left no policy entrypoint at {WORKSPACE_PATH}/{POLICY_ENTRYPOINT}"
+            return None
+        if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o111:
+            outcome.reason = f"{WORKSPACE_PATH}/{POLICY_ENTRYPOINT} is not an executable regular file"
+            return None
+        created = await trio.to_thread.run_sync(lambda: client.create_env(official=True))
+        session = await trio.to_thread.run_sync(lambda: client.start_eval_session(created.env_id, num_episodes=n))
+        rec.emit("trusted_harness", "eval_session_opened", {"task": task.spec.ref, "episodes": session.num_episodes})
+        env = self._env(task) | {"ALE_ENV_ID": session.env_id, "ALE_NUM_EPISODES": str(session.num_episodes)}
+        limit = self.options.eval_time_s or 120.0 + 0.004 * n * 1000
+
+        async def should_stop() -> str:
+            snapshot = await trio.to_thread.run_sync(lambda: client.get_eval_result(session.session_id))
+            self.progress.update(task.spec.id, f"{len(snapshot.episodes)}/{n} episodes")
+            return "evaluator_died" if not ev.alive() else ""
+
+        result = await self.runtime.run_sandboxed(
+            SandboxSpec(
+                command=(f"{WORKSPACE_PATH}/{POLICY_ENTRYPOINT}",),
+                workspace=workspace,
+                workspace_writable=False,
+                task_dir=task_dir,
+                evaluator_socket=ev.agent_socket,
+                env=env,
+                limits=self.options.limits,
+                wall_time_s=limit,
+            ),
+            _agent_sink(rec, "policy_"),
+            should_stop=should_stop,
+        )
+        rec.emit(
+            "trusted_harness",
+            "policy_finished",
+            {"task": task.spec.ref, "exit_status": result.exit_status, "stopped_for": result.stopped_for},
+        )
+        self._check_alive(ev, task)
+        final = await trio.to_thread.run_sync(lambda: client.get_eval_result(session.session_id, finalize=True))
+        aborted = sum(e.aborted for e in final.episodes)
+        if aborted:
+            outcome.reason = f"{aborted} of {n} episodes were aborted"
+        return final

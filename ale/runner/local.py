@@ -1,0 +1,331 @@
+"""The embedded local runtime: the evaluator as a child process, the agent under bubblewrap."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+import trio.lowlevel
+
+from ale.runner import sandbox
+from ale.runner.runtime import (
+    EvaluatorSpec,
+    EvaluatorStartError,
+    LineSink,
+    RuntimeUnavailable,
+    SandboxError,
+    SandboxResult,
+)
+
+READY_TIMEOUT_S = 60.0
+KILL_GRACE_S = 5.0
+MAX_LINE = 64 * 1024
+MAX_STREAM_BYTES = 8 * 1024 * 1024
+
+
+def code_digest() -> dict[str, Any]:
+    """A digest of the installed code (ale, ale_evaluator) and the dependency lock (name==version)."""
+    import ale_evaluator
+
+    import ale
+
+    files = hashlib.sha256()
+    for package in (ale, ale_evaluator):
+        root = Path(package.__file__).resolve().parent
+        for path in sorted(root.rglob("*")):
+            if (
+                path.is_file()
+                and path.suffix in {".py", ".json", ".md", ".proto", ".pyi"}
+                and "__pycache__" not in path.parts
+            ):
+                files.update(f"{package.__name__}/{path.relative_to(root).as_posix()}\0".encode())
+                files.update(hashlib.sha256(path.read_bytes()).digest())
+    lock = sorted(f"{d.metadata['Name'].lower()}=={d.version}" for d in metadata.distributions())
+    lock_digest = hashlib.sha256("\n".join(lock).encode()).hexdigest()
+    return {
+        "kind": "local-install",
+        "note": "digest of the installed Python code and dependency versions, not of an OCI image",
+        "code_sha256": files.hexdigest(),
+        "dependency_lock_sha256": lock_digest,
+        "python": sys.version.split()[0],
+    }
+
+
+@attrs.define
+class _LineSplitter:
+    """Splits a byte stream into lines, truncating long lines and capping the total it passes on."""
+
+    stream: str
+    sink: LineSink
+    budget: int = MAX_STREAM_BYTES
+    buf: bytearray = attrs.Factory(bytearray)
+    dropped: int = 0
+
+    def feed(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            cut = self.buf.find(b"\n")
+            if cut < 0:
+                if len(self.buf) > MAX_LINE:
+                    self._line(bytes(self.buf[:MAX_LINE]))
+                    del self.buf[:MAX_LINE]
+                    continue
+                return
+            self._line(bytes(self.buf[:cut]))
+            del self.buf[: cut + 1]
+
+    def _line(self, line: bytes) -> None:
+        if self.budget <= 0:
+            self.dropped += len(line) + 1
+            return
+        line = line[:MAX_LINE]
+        self.budget -= len(line) + 1
+        self.sink(self.stream, line)
+
+    def close(self) -> None:
+        if self.buf:
+            self._line(bytes(self.buf))
+            self.buf.clear()
+
+
+async def _pump(stream: trio.abc.ReceiveStream, splitter: _LineSplitter) -> None:
+    try:
+        while chunk := await stream.receive_some(65536):
+            splitter.feed(chunk)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+    splitter.close()
+
+
+def _dir_size(path: Path, limit: int) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                continue
+            if total > limit:
+                return total
+    return total
+
+
+@attrs.define
+class LocalEvaluator:
+    process: trio.Process
+    harness_target: str
+    agent_socket: Path
+    events_path: Path
+    stderr_lines: deque[str] = attrs.Factory(lambda: deque(maxlen=40))
+
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    def stderr_tail(self) -> str:
+        return "\n".join(self.stderr_lines)
+
+
+async def _terminate(process: trio.Process, *, group: bool) -> None:
+    def send(sig: int) -> None:
+        try:
+            if group:
+                os.killpg(process.pid, sig)
+            else:
+                process.send_signal(sig)
+        except ProcessLookupError:
+            pass
+
+    if process.returncode is not None:
+        return
+    send(signal.SIGTERM)
+    with trio.move_on_after(KILL_GRACE_S) as scope:
+        scope.shield = True
+        await process.wait()
+    if process.returncode is None:
+        send(signal.SIGKILL)
+        with trio.CancelScope(shield=True):
+            await process.wait()
+
+
+class LocalRuntime:
+    """Evaluator as a child process; the agent under bubblewrap (or the weaker unshare fallback)."""
+
+    name = "local"
+
+    def __init__(self, sandbox_kind: str | None = None) -> None:
+        self._sandbox_kind = sandbox_kind
+
+    @property
+    def sandbox_kind(self) -> str:
+        if self._sandbox_kind is None:
+            self._sandbox_kind = sandbox.detect()
+        return self._sandbox_kind
+
+    def check(self) -> None:
+        try:
+            _ = self.sandbox_kind
+        except sandbox.SandboxUnavailable as exc:
+            raise RuntimeUnavailable(str(exc)) from None
+
+    def attestation(self) -> dict[str, Any]:
+        return {"runtime": "local", "sandbox": self.sandbox_kind, "evaluator": code_digest()}
+
+    @asynccontextmanager
+    async def open_evaluator(self, spec: EvaluatorSpec) -> AsyncIterator[LocalEvaluator]:
+        read_fd, write_fd = os.pipe()
+        try:
+            os.write(write_fd, spec.run_config)
+        finally:
+            os.close(write_fd)
+        argv = [
+            sys.executable, "-m", "ale_evaluator", "serve", "--task", spec.task_id,
+            "--agent-socket", str(spec.agent_socket), "--harness-socket", str(spec.harness_socket),
+            "--run-config-fd", str(read_fd), "--events", str(spec.events_path),
+        ]  # fmt: skip
+        try:
+            process = await trio.lowlevel.open_process(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_fd,)
+            )
+        finally:
+            os.close(read_fd)
+        handle = LocalEvaluator(process, f"unix:{spec.harness_socket}", spec.agent_socket, spec.events_path)
+        try:
+            async with trio.open_nursery() as nursery:
+                stderr = _LineSplitter(
+                    "stderr", lambda _s, line: handle.stderr_lines.append(line.decode(errors="replace"))
+                )
+                assert process.stderr is not None
+                assert process.stdout is not None
+                nursery.start_soon(_pump, process.stderr, stderr)
+                ready = trio.Event()
+                ready_info: dict[str, Any] = {}
+
+                def on_stdout(_s: str, line: bytes) -> None:
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        return
+                    if isinstance(msg, dict) and msg.get("event") == "ready":
+                        ready_info.update(msg)
+                        ready.set()
+
+                nursery.start_soon(_pump, process.stdout, _LineSplitter("stdout", on_stdout))
+                with trio.move_on_after(READY_TIMEOUT_S):
+                    async with trio.open_nursery() as waiter:
+
+                        async def _exited() -> None:
+                            await process.wait()
+                            waiter.cancel_scope.cancel()
+
+                        async def _ready() -> None:
+                            await ready.wait()
+                            waiter.cancel_scope.cancel()
+
+                        waiter.start_soon(_exited)
+                        waiter.start_soon(_ready)
+                if not ready.is_set():
+                    await _terminate(process, group=False)
+                    await trio.sleep(0.1)
+                    raise EvaluatorStartError(
+                        f"the evaluator for {spec.task_id} did not become ready "
+                        f"(exit status {process.returncode}):\n{handle.stderr_tail()}"
+                    )
+                try:
+                    yield handle
+                finally:
+                    await _terminate(process, group=False)
+                    nursery.cancel_scope.cancel()
+        finally:
+            if process.returncode is None:  # pragma: no cover - defensive
+                process.kill()
+
+    async def run_sandboxed(
+        self,
+        spec: sandbox.SandboxSpec,
+        sink: LineSink,
+        *,
+        should_stop: Callable[[], Awaitable[str]] | None = None,
+    ) -> SandboxResult:
+        read_fd, write_fd = os.pipe()
+        env = {**spec.env, "ALE_EVENT_FD": str(write_fd)}
+        spec = attrs.evolve(spec, env=env)
+        argv = sandbox.bwrap_argv(spec) if self.sandbox_kind == "bwrap" else sandbox.unshare_argv(spec)
+        started = time.monotonic()
+        try:
+            process = await trio.lowlevel.open_process(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.close(read_fd)
+            raise SandboxError(f"cannot start the sandbox: {exc}") from None
+        finally:
+            os.close(write_fd)
+        splitters = [_LineSplitter("stdout", sink), _LineSplitter("stderr", sink), _LineSplitter("event", sink)]
+        stopped_for = ""
+        events = trio.lowlevel.FdStream(read_fd)
+        try:
+            async with trio.open_nursery() as readers:
+                assert process.stdout is not None
+                assert process.stderr is not None
+                readers.start_soon(_pump, process.stdout, splitters[0])
+                readers.start_soon(_pump, process.stderr, splitters[1])
+                readers.start_soon(_pump, events, splitters[2])
+                async with trio.open_nursery() as watch:
+
+                    async def watchdog() -> None:
+                        nonlocal stopped_for
+                        while True:
+                            await trio.sleep(1.0)
+                            size = await trio.to_thread.run_sync(_dir_size, spec.workspace, spec.limits.workspace_bytes)
+                            if size > spec.limits.workspace_bytes:
+                                stopped_for = "disk"
+                                break
+                            if should_stop is not None and (reason := await should_stop()):
+                                stopped_for = reason
+                                break
+                        await _terminate(process, group=True)
+
+                    watch.start_soon(watchdog)
+                    with trio.move_on_after(spec.wall_time_s):
+                        await process.wait()
+                    if process.returncode is None and not stopped_for:
+                        stopped_for = "wall_time"
+                        await _terminate(process, group=True)
+                    await process.wait()
+                    watch.cancel_scope.cancel()
+                with trio.move_on_after(2.0):
+                    await trio.lowlevel.checkpoint()  # let the readers reach end of file
+                readers.cancel_scope.deadline = trio.current_time() + 2.0
+        except trio.Cancelled:
+            stopped_for = stopped_for or "cancelled"
+            with trio.CancelScope(shield=True):
+                await _terminate(process, group=True)
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await events.aclose()
+        exit_status = process.returncode if not stopped_for else None
+        return SandboxResult(
+            exit_status=exit_status,
+            stopped_for=stopped_for,
+            wall_time_s=time.monotonic() - started,
+            dropped_output_bytes=sum(s.dropped for s in splitters),
+        )
