@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TASK ?= cartpole-balance
 
-.PHONY: help install demo test lint typecheck proto bench clean
+.PHONY: help install run demo test lint typecheck proto bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -19,7 +19,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed  ## create .venv and install the project with its dev tools
 
-demo: install  ## the main job: serve TASK's evaluator and drive it with the gym client
+run: install  ## the main job: `ale run TASK` with the bundled demo agent; prints the bundle's path
+	$(BIN)/ale run $(TASK) --out out
+
+demo: install  ## the evaluator alone: serve TASK and drive it with the gym client
 	$(BIN)/ale-evaluator demo --task $(TASK)
 
 test: install  ## the whole test suite, lint and type checks included
