@@ -7,11 +7,11 @@ import json
 from importlib import resources
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ale import catalog
-from ale.core.canonical import CanonicalError, canonical_json
+from ale.core.canonical import CanonicalError, canonical_json, reference_canonical_json
 from ale.core.parse import ParseError
 from ale.core.release import parse_release
 from ale.core.tasks import parse_task
@@ -146,3 +146,33 @@ def test_bad_release_manifests_are_refused(overrides: dict[str, object], needle:
     with pytest.raises(ParseError) as err:
         parse_release(_release(**overrides))
     assert needle in str(err.value)
+
+
+any_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**60), 2**60)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.sampled_from([1.0, -0.0, 1e-4, 9.999e15, 1e16, 1e21, 1e-7, 5e-324, 0.1, 123.456])
+    | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(any_json)
+def test_fast_path_agrees_with_the_reference_rfc8785_library(value: object) -> None:
+    try:
+        expected = reference_canonical_json(value)
+    except CanonicalError:
+        with pytest.raises(CanonicalError):
+            canonical_json(value)
+        return
+    assert canonical_json(value) == expected
+
+
+@pytest.mark.parametrize("key", ["\U0001f600", "\ue000", "a\U0001f600", "\uffff"])
+def test_key_order_follows_utf16_code_units(key: str) -> None:
+    value = {key: 1, "\ue001": 2, "\U00010000": 3}
+    assert canonical_json(value) == reference_canonical_json(value)

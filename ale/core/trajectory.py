@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from ale.core.canonical import CanonicalError, canonical_json
+from ale.core.canonical import CanonicalError, canonical_json, encode_prepared, prepare
 
 EVENT_SCHEMA = "ale-trajectory-event/v1"
 GENESIS = "0" * 64
@@ -65,6 +65,20 @@ def format_wall_time(epoch_seconds: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _hash_and_line(event: dict[str, Any]) -> tuple[str, bytes]:
+    """The event's hash and its JSONL line, preparing the canonical form once."""
+    prepared = prepare(event)
+    if prepared is not None:
+        try:
+            digest = hashlib.sha256(encode_prepared(prepared)).hexdigest()
+            prepared["hash"] = digest
+            return digest, encode_prepared(prepared) + b"\n"
+        except UnicodeEncodeError:
+            pass
+    digest = event_hash(event)
+    return digest, canonical_json({**event, "hash": digest}) + b"\n"
+
+
 @attrs.define
 class ChainBuilder:
     """Builds events in order; the caller writes the returned lines. Not thread-safe by itself."""
@@ -94,8 +108,7 @@ class ChainBuilder:
             "data": dict(data),
             "prev_hash": self.head,
         }
-        event["hash"] = event_hash(event)
-        line = canonical_json(event) + b"\n"
+        event["hash"], line = _hash_and_line(event)
         if len(line) > MAX_LINE_BYTES:
             raise ValueError(f"event of {len(line)} bytes exceeds the line limit of {MAX_LINE_BYTES}")
         self.head = event["hash"]

@@ -1,0 +1,158 @@
+"""Harness benchmark: trajectory recording throughput and the harness's own overhead in `ale run`.
+
+Run: .venv/bin/python bench/harness_bench.py [--quick] [--out bench/results/harness.json]
+
+1. Trajectory recording: events/s through the real Recorder (RFC 8785 canonical JSON, SHA-256
+   chain, writer thread), side by side with the floor of writing the same events as plain
+   ``json.dumps`` lines, in one run. Ratio = chained / plain.
+2. Harness overhead: ``ale run cartpole-balance`` with an agent that writes its policy and exits
+   at once; overhead = run wall time - agent phase - official evaluation (both read back from
+   the trajectory's harness events). Median of several runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _payload(i: int) -> dict:
+    return {"text": f"step {i}: reward 1.0 observation [0.01, -0.02, 0.03, 0.04]", "i": i}
+
+
+async def _recorder_rate(n: int, path: Path) -> float:
+    from ale.runner.recorder import open_recorder
+
+    started = time.perf_counter()
+    async with open_recorder(path) as rec:
+        rec.emit("trusted_harness", "run_started", {"nonce": None})
+        for i in range(n - 1):
+            rec.emit("untrusted_agent", "stdout", _payload(i))
+            if i % 1000 == 0:
+                await trio.lowlevel.checkpoint()
+    return n / (time.perf_counter() - started)
+
+
+def _plain_rate(n: int, path: Path) -> float:
+    started = time.perf_counter()
+    with open(path, "w") as fh:
+        for i in range(n):
+            fh.write(json.dumps({"producer": "untrusted_agent", "kind": "stdout", "data": _payload(i)}) + "\n")
+    return n / (time.perf_counter() - started)
+
+
+def bench_recording(n: int, rounds: int) -> dict:
+    chained, plain = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            p1, p2 = Path(tmp) / f"c{r}.jsonl", Path(tmp) / f"p{r}.jsonl"
+            chained.append(trio.run(_recorder_rate, n, p1))
+            plain.append(_plain_rate(n, p2))
+        from ale.core.trajectory import verify_chain
+
+        verify_started = time.perf_counter()
+        summary = verify_chain((Path(tmp) / "c0.jsonl").read_bytes())
+        verify_rate = summary.events / (time.perf_counter() - verify_started)
+    c, p = statistics.median(chained), statistics.median(plain)
+    return {
+        "events": n,
+        "chained_events_per_s": c,
+        "plain_json_events_per_s": p,
+        "ratio_chained_to_plain": c / p,
+        "verify_events_per_s": verify_rate,
+    }
+
+
+AGENT = (
+    "import os, numpy as np; from ale.policy import linear_policy; "
+    "open(os.environ['ALE_WORKSPACE'] + '/policy.safetensors', 'wb').write("
+    "linear_policy(np.array([[0, 0, 0, 0], [0, 0.5, 10, 2.0]]), output='discrete'))"
+)
+
+
+def _events(bundle: Path, key: Path) -> list[dict]:
+    from ale.core.bundle import unpack
+    from ale.runner.inspect import read_identity
+
+    files = unpack(bundle.read_bytes(), read_identity(key))
+    import zstandard
+
+    lines = zstandard.ZstdDecompressor().decompressobj().decompress(files["events.jsonl.zst"]).splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _span(events: list[dict], start: str, end: str) -> float:
+    t = {e["kind"]: e["monotonic"] for e in events if e["producer"] == "trusted_harness" and e["kind"] in (start, end)}
+    return t[end] - t[start]
+
+
+def bench_overhead(runs: int, episodes: int) -> dict:
+    samples = []
+    python = str(Path(sys.prefix) / "bin" / "python")
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as out:
+            started = time.perf_counter()
+            proc = subprocess.run(
+                [sys.executable, "-m", "ale.runner.cli", "run", "cartpole-balance", "--plain", "--out", out,
+                 "--episodes", str(episodes), "--agent-cmd", f"{python} -c \"{AGENT}\""],
+                capture_output=True, text=True, cwd=out,
+            )  # fmt: skip
+            wall = time.perf_counter() - started
+            if proc.returncode != 0:
+                raise SystemExit(f"ale run failed:\n{proc.stderr}")
+            bundle = Path(proc.stdout.strip().splitlines()[-1])
+            events = _events(bundle, next(Path(out).glob("*.key")))
+            agent = _span(events, "agent_started", "agent_finished")
+            official = _span(events, "official_evaluation_started", "official_evaluation_finished")
+            samples.append(
+                {"wall_s": wall, "agent_s": agent, "official_s": official, "overhead_s": wall - agent - official}
+            )
+    med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+    return {"runs": runs, "episodes": episodes, "median": med, "samples": samples,
+            "overhead_fraction_of_wall": med["overhead_s"] / med["wall_s"]}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--out", default=str(ROOT / "bench/results/harness.json"))
+    args = parser.parse_args()
+    n, rounds, runs = (5_000, 1, 1) if args.quick else (50_000, 3, 3)
+    recording = bench_recording(n, rounds)
+    overhead = bench_overhead(runs, episodes=5)
+    print(f"trajectory recording ({n} events, median of {rounds}):")
+    print(f"  chained (RFC 8785 + SHA-256 chain + writer thread): {recording['chained_events_per_s']:,.0f} events/s")
+    print(f"  plain json.dumps lines (floor):                     {recording['plain_json_events_per_s']:,.0f} events/s")
+    print(f"  ratio chained/plain: {recording['ratio_chained_to_plain']:.2f}")
+    print(f"  chain verification: {recording['verify_events_per_s']:,.0f} events/s")
+    m = overhead["median"]
+    print(f"ale run cartpole-balance, instant agent, 5 episodes (median of {runs}):")
+    print(f"  wall {m['wall_s']:.2f} s = agent {m['agent_s']:.2f} s + official evaluation {m['official_s']:.2f} s "
+          f"+ harness overhead {m['overhead_s']:.2f} s ({overhead['overhead_fraction_of_wall']:.0%} of wall)")  # fmt: skip
+    result = {
+        "benchmark": "harness",
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"nproc": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "quick": args.quick,
+        "recording": recording,
+        "overhead": overhead,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
