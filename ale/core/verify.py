@@ -99,19 +99,22 @@ def _close(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def check_files(
-    files: Mapping[str, bytes],
-    *,
-    release_for: Callable[[str], tuple[ReleaseManifest, str] | None],
-    task_digests: Mapping[str, str],
-    expected_nonce: str | None = None,
-    check_nonce: bool = False,
-) -> Report:
-    """Steps 2 to 6 over the unpacked files.
+@attrs.frozen
+class Documents:
+    """Step 2's output: every file parsed."""
 
-    ``release_for(sha256)`` returns the release manifest with that hash (or None when unknown);
-    ``task_digests`` maps ``id@version`` to the digest of the task this verifier knows.
-    """
+    manifest: dict[str, Any]
+    results: TaskResults
+    claimed: dict[str, Any]
+    faithfulness: dict[str, Any]
+    network: dict[str, Any]
+    artifacts: dict[str, Any]
+    integrity: dict[str, Any]
+    events: bytes
+
+
+def parse_documents(files: Mapping[str, bytes]) -> Documents:
+    """Step 2: every JSON file parses and is the document it claims to be (``schema_invalid``)."""
     manifest = _object(files, "manifest.json", "ale-bundle-manifest/v1")
     claimed = _object(files, "score_breakdown.json", "ale-score-breakdown/v1")
     faithfulness = _object(files, "faithfulness.json", "ale-faithfulness/v1")
@@ -124,49 +127,103 @@ def check_files(
         raise VerificationError("schema_invalid", str(exc)) from None
     except ResultInconsistency as exc:
         raise VerificationError("inconsistent_results", str(exc)) from None
+    return Documents(manifest, results, claimed, faithfulness, network, artifacts, integrity,
+                     _events(files["events.jsonl.zst"]))  # fmt: skip
 
+
+def check_chain(docs: Documents, *, expected_nonce: str | None = None, check_nonce: bool = False) -> ChainSummary:
+    """Hash chains: every link, counter and hash of the trajectory, and the nonce in its first event."""
     try:
-        chain = verify_chain(_events(files["events.jsonl.zst"]), expected_nonce=expected_nonce, check_nonce=check_nonce)
+        return verify_chain(docs.events, expected_nonce=expected_nonce, check_nonce=check_nonce)
     except ChainError as exc:
-        raise VerificationError("chain_invalid", f"trajectory: {exc} ({exc.reason})") from None
+        raise VerificationError(
+            "nonce_mismatch" if exc.reason == "nonce_mismatch" else "chain_invalid", f"trajectory: {exc} ({exc.reason})"
+        ) from None
 
+
+def check_integrity(files: Mapping[str, bytes], docs: Documents, chain: ChainSummary) -> str:
+    """The integrity root: file digests, the Merkle root, the chain head. Returns the root."""
     digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "integrity.json"}
+    integrity = docs.integrity
     if integrity.get("files") != digests:
         raise VerificationError("integrity_mismatch", "a file's SHA-256 differs from integrity.json")
-    if integrity.get("merkle_root") != files_root(digests):
+    root = files_root(digests)
+    if integrity.get("merkle_root") != root:
         raise VerificationError("integrity_mismatch", "the Merkle root differs from integrity.json")
     if integrity.get("chain_head") != chain.head:
         raise VerificationError("integrity_mismatch", "the trajectory's chain head differs from integrity.json")
-    trajectory = manifest.get("trajectory") or {}
+    trajectory = docs.manifest.get("trajectory") or {}
     if trajectory.get("chain_head") != chain.head or trajectory.get("events") != chain.events:
         raise VerificationError("integrity_mismatch", "the manifest's trajectory summary differs from the trajectory")
+    return root
 
-    release_info = manifest.get("release") or {}
+
+def check_versions(
+    docs: Documents,
+    *,
+    release_for: Callable[[str], tuple[ReleaseManifest, str] | None],
+    task_digests: Mapping[str, str],
+) -> ReleaseManifest:
+    """Benchmark and task versions: a known release, known task definitions, one run."""
+    release_info = docs.manifest.get("release") or {}
     found = release_for(str(release_info.get("manifest_sha256")))
     if found is None:
         raise VerificationError("unknown_release", f"unknown release manifest {release_info.get('manifest_sha256')!r}")
     release, _ = found
-    if results.run_id != manifest.get("run_id"):
+    results = docs.results
+    if results.run_id != docs.manifest.get("run_id"):
         raise VerificationError("inconsistent_results", "task_results.json belongs to another run")
-    for task in manifest.get("tasks") or []:
+    for task in docs.manifest.get("tasks") or []:
         ref = f"{task.get('id')}@{task.get('version')}"
         if task_digests.get(ref) != task.get("digest"):
             raise VerificationError("unknown_task_version", f"{ref} (digest {task.get('digest')}) is not a known task")
         if ref not in release.tasks:
             raise VerificationError("unknown_task_version", f"{ref} is not part of release {release.release}")
     for t in results.tasks:
+        if t.task not in release.tasks:
+            raise VerificationError("unknown_task_version", f"{t.task} is not part of release {release.release}")
         if t.result is not None and t.result.task_digest != task_digests.get(t.task):
             raise VerificationError("unknown_task_version", f"{t.task}: the evaluator ran a different task definition")
         if t.result is not None and t.result.run_id != results.run_id:
             raise VerificationError("inconsistent_results", f"{t.task}: the evaluator result belongs to another run")
+    return release
 
-    verdicts = {ref: v.get("verdict") for ref, v in (faithfulness.get("tasks") or {}).items() if isinstance(v, dict)}
-    recomputed = score_run(results, release, {k: v if isinstance(v, bool) else None for k, v in verdicts.items()})
-    if not _close(json.loads(canonical_json(score_breakdown_document(recomputed, release))), claimed):
+
+def recompute_scores(docs: Documents, release: ReleaseManifest) -> RunScore:
+    """Recompute the scores from the evaluator results and compare them with the claimed ones."""
+    verdicts = {
+        ref: v.get("verdict") if isinstance(v.get("verdict"), bool) else None
+        for ref, v in (docs.faithfulness.get("tasks") or {}).items()
+        if isinstance(v, dict)
+    }
+    recomputed = score_run(docs.results, release, verdicts)
+    if not _close(json.loads(canonical_json(score_breakdown_document(recomputed, release))), docs.claimed):
         raise VerificationError(
             "score_mismatch", "the claimed scores differ from the scores recomputed from the results"
         )
-    return Report(manifest, results, chain, recomputed, claimed, faithfulness, integrity, network, artifacts)
+    return recomputed
+
+
+def check_files(
+    files: Mapping[str, bytes],
+    *,
+    release_for: Callable[[str], tuple[ReleaseManifest, str] | None],
+    task_digests: Mapping[str, str],
+    expected_nonce: str | None = None,
+    check_nonce: bool = False,
+) -> Report:
+    """Steps 2 to 6 over the unpacked files, for offline use (``ale inspect``, ``ale-verify check``).
+
+    ``release_for(sha256)`` returns the release manifest with that hash (or None when unknown);
+    ``task_digests`` maps ``id@version`` to the digest of the task this verifier knows.
+    """
+    docs = parse_documents(files)
+    chain = check_chain(docs, expected_nonce=expected_nonce, check_nonce=check_nonce)
+    check_integrity(files, docs, chain)
+    release = check_versions(docs, release_for=release_for, task_digests=task_digests)
+    recomputed = recompute_scores(docs, release)
+    return Report(docs.manifest, docs.results, chain, recomputed, docs.claimed, docs.faithfulness, docs.integrity,
+                  docs.network, docs.artifacts)  # fmt: skip
 
 
 def unpack(ciphertext: bytes, identity: str, limits: bundle.Limits | None = None) -> dict[str, bytes]:
