@@ -18,6 +18,7 @@ from ale.core import bundle
 from ale.core.canonical import canonical_json
 from ale.core.merkle import files_root
 from ale.core.results import RunScore, parse_task_results, score_breakdown_document, score_run
+from ale.core.signing import sign_root
 from ale.core.trajectory import EVENT_SCHEMA
 from ale.runner.harness import RunRecord, task_results_json
 
@@ -109,7 +110,7 @@ def artifacts_manifest_json(record: RunRecord) -> dict[str, Any]:
     }
 
 
-def build_files(record: RunRecord, trajectory: bytes) -> tuple[dict[str, bytes], RunScore]:
+def build_files(record: RunRecord, trajectory: bytes, runner_key: Any = None) -> tuple[dict[str, bytes], RunScore]:
     """The eight files of the bundle, and the scores they claim."""
     results_raw = _json(task_results_json(record.run_id, record.outcomes))
     faithfulness = faithfulness_verdicts(record)
@@ -125,21 +126,24 @@ def build_files(record: RunRecord, trajectory: bytes) -> tuple[dict[str, bytes],
         "artifacts_manifest.json": _json(artifacts_manifest_json(record)),
     }
     digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    root = files_root(digests)
     files["integrity.json"] = _json(
         {
             "schema": INTEGRITY_SCHEMA,
             "files": digests,
-            "merkle_root": files_root(digests),
+            "merkle_root": root,
             "chain_head": record.chain_head,
-            "signature": None,
+            "signature": None if runner_key is None else sign_root(runner_key, root),
         }
     )
     return files, run_score
 
 
-def write_bundle(record: RunRecord, recipients: list[str], out_dir: Path) -> tuple[Path, RunScore]:
+def write_bundle(
+    record: RunRecord, recipients: list[str], out_dir: Path, *, runner_key: Any = None
+) -> tuple[Path, RunScore]:
     trajectory = record.trajectory.read_bytes()
-    files, run_score = build_files(record, trajectory)
+    files, run_score = build_files(record, trajectory, runner_key)
     ciphertext = bundle.pack(files, recipients)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{record.run_id}{bundle.BUNDLE_SUFFIX}"

@@ -123,6 +123,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(f"the output folder {out_dir} is not writable: {exc.strerror}") from None
     agent = _agent(args)
+    nonce = challenge_token = None
+    site_recipient = None
+    if args.site:
+        from ale.runner.site import Site, SiteError
+
+        token = args.token or os.environ.get("ALE_TOKEN")
+        if not token:
+            raise CliError("--site needs an API token: --token or $ALE_TOKEN")
+        try:
+            with Site(args.site, token) as site:
+                site_recipient = site.submission_key()
+                challenge = site.challenge()
+        except SiteError as exc:
+            raise CliError(str(exc)) from None
+        nonce, challenge_token = challenge["nonce"], challenge["token"]
+    runner_key = None
+    if args.runner_key:
+        from ale.core.signing import SignatureError, load_private_key
+
+        try:
+            runner_key = load_private_key(Path(args.runner_key).read_bytes())
+        except (OSError, SignatureError) as exc:
+            raise CliError(f"--runner-key: {exc}") from None
     options = RunOptions(
         tasks=tuple(tasks),
         agent=agent,
@@ -131,6 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         release_name=name,
         episodes=args.episodes,
         agent_time_s=args.agent_time,
+        nonce=nonce,
+        challenge_token=challenge_token,
     )
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
     progress = PlainProgress() if plain else LiveProgress(tasks)
@@ -147,8 +172,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     try:
         progress.phase("run", "bundle", "scoring and encrypting")
-        recipients, key_path = _recipients(args, out_dir, record.run_id)
-        path, run_score = bundle_writer.write_bundle(record, recipients, out_dir)
+        if site_recipient is not None:
+            recipients, key_path = [site_recipient, *(args.recipient or [])], None
+        else:
+            recipients, key_path = _recipients(args, out_dir, record.run_id)
+        path, run_score = bundle_writer.write_bundle(record, recipients, out_dir, runner_key=runner_key)
     finally:
         progress.close()
         shutil.rmtree(record.root, ignore_errors=True)
@@ -166,6 +194,45 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     print(path)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    import json
+
+    from ale.runner.site import Site, SiteError
+
+    bundle = Path(args.bundle)
+    if not bundle.is_file():
+        raise CliError(f"no bundle at {bundle}")
+    token = args.token or os.environ.get("ALE_TOKEN")
+    if not token:
+        raise CliError("an API token is needed: --token or $ALE_TOKEN (log in on the site to make one)")
+    try:
+        with Site(args.site, token) as site:
+            verdict = site.submit(bundle)
+    except SiteError as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        print(json.dumps(verdict, indent=2, sort_keys=True))
+    else:
+        print(f"{verdict.get('status')}: level {verdict.get('level')} ({verdict.get('url')})")
+        for r in verdict.get("reasons") or []:
+            print(f"  {r.get('reason')}: {r.get('message')}")
+    return 0 if verdict.get("status") == "accepted" else 1
+
+
+def cmd_runner_key(args: argparse.Namespace) -> int:
+    from ale.core.signing import new_private_key_pem
+
+    pem, public, key_id = new_private_key_pem()
+    try:
+        fd = os.open(args.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        raise CliError(f"cannot create {args.path}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(pem)
+    print(f"public key (register it on the site): {public}\nkey id: {key_id}")
     return 0
 
 
@@ -201,9 +268,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--episodes", type=int, help="override the official episode count (the run is then unofficial)")
     run.add_argument("--agent-time", type=float, help="override the agent's wall-time budget, in seconds")
     run.add_argument("--sandbox", choices=["bwrap", "unshare"], help="force a sandbox (default: the best available)")
+    run.add_argument("--site", help="a verifier's URL: fetch its submission key and a challenge before the run")
+    run.add_argument("--token", help="API token for --site (default: $ALE_TOKEN)")
+    run.add_argument("--runner-key", help="a registered runner's Ed25519 private key (PEM): sign the bundle")
     run.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     release_args(run)
     run.set_defaults(func=cmd_run)
+
+    submit = sub.add_parser("submit", help="upload a bundle to a verifier and print its verdict")
+    submit.add_argument("bundle", help="the .ale bundle")
+    submit.add_argument("--site", required=True, help="the verifier's URL")
+    submit.add_argument("--token", help="API token (default: $ALE_TOKEN)")
+    submit.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    submit.set_defaults(func=cmd_submit)
+
+    runner_key = sub.add_parser("runner-key", help="make an Ed25519 key for a registered runner")
+    runner_key.add_argument("path", help="where to write the private key (PEM, mode 0600)")
+    runner_key.set_defaults(func=cmd_runner_key)
 
     inspect = sub.add_parser("inspect", help="decrypt a bundle and show what it holds")
     inspect.add_argument("bundle", help="the .ale bundle")

@@ -1,0 +1,121 @@
+"""``ale-verify``: make the site's keys, serve the API, check a bundle offline, manage users."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from ale_verify import __version__
+from ale_verify.config import Settings
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def cmd_keygen(args: argparse.Namespace, settings: Settings) -> int:
+    """The site's age identity (0600) and the token-signing key; prints the public key only."""
+    import pyrage
+
+    if settings.key_file.exists():
+        print(f"ale-verify: error: {settings.key_file} exists; refusing to overwrite a site key", file=sys.stderr)
+        return 2
+    identity = pyrage.x25519.Identity.generate()
+    public = str(identity.to_public())
+    _write_private(settings.key_file, f"# ALE Robotics site identity\n# public key: {public}\n{identity}\n".encode())
+    if not settings.signing_key_file.exists():
+        _write_private(settings.signing_key_file, secrets.token_bytes(32))
+    print(public)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    import asyncio
+
+    from ale_verify.app import create_app
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    for path in (settings.key_file, settings.signing_key_file):
+        if not path.exists():
+            print(f"ale-verify: error: {path} is missing: run `ale-verify keygen` first", file=sys.stderr)
+            return 2
+    config = Config()
+    config.bind = [args.bind]
+    config.accesslog = "-" if args.access_log else None
+    config.errorlog = "-"
+    app = create_app(settings)
+    print(json.dumps({"event": "ready", "bind": args.bind, "version": __version__}), flush=True)
+    asyncio.run(serve(app, config))  # type: ignore[arg-type]
+    return 0
+
+
+def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
+    from ale.runner.inspect import inspect_bundle
+
+    return inspect_bundle(Path(args.bundle), Path(args.identity or settings.key_file), as_json=args.json)
+
+
+def cmd_create_token(args: argparse.Namespace, settings: Settings) -> int:
+    from ale_verify import db
+
+    db.migrate(settings.database)
+    db.upsert_user(settings.database, args.user, args.user, "local")
+    print(db.create_api_token(settings.database, args.user, args.label))
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from ale_verify import db
+
+    print(f"schema version {db.migrate(settings.database)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ale-verify",
+        description="The ALE Robotics verifier. Configuration comes from the environment "
+        "(ALE_VERIFY_DATA, ALE_VERIFY_DATABASE, ALE_VERIFY_KEY_FILE, KEEP_SUBMISSION_BUNDLES, ...; docs/verifier.md).",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    keygen = sub.add_parser("keygen", help="make the site's age identity and signing key; print the public key")
+    keygen.set_defaults(func=cmd_keygen)
+    serve = sub.add_parser("serve", help="serve the API under hypercorn")
+    serve.add_argument("--bind", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000)")
+    serve.add_argument("--access-log", action="store_true", help="log every request to stdout")
+    serve.set_defaults(func=cmd_serve)
+    check = sub.add_parser("check", help="run the offline checks on a bundle (operators, CI)")
+    check.add_argument("bundle")
+    check.add_argument("--identity", help="age identity file (default: the site's key file)")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.set_defaults(func=cmd_check)
+    token = sub.add_parser("create-token", help="create a local user's API token (for CI and bootstrapping)")
+    token.add_argument("--user", required=True, help="user id, e.g. ci or operator:alice")
+    token.add_argument("--label", default="created with ale-verify create-token")
+    token.set_defaults(func=cmd_create_token)
+    migrate = sub.add_parser("migrate", help="create or upgrade the database")
+    migrate.set_defaults(func=cmd_migrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+    except ValueError as exc:
+        print(f"ale-verify: error: {exc}", file=sys.stderr)
+        return 2
+    return int(args.func(args, settings))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

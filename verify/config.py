@@ -1,0 +1,85 @@
+"""Configuration from the environment (``ale-verify serve`` reads nothing else)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+
+def _bool(value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _int(env: dict[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+
+
+@attrs.frozen(repr=False)
+class Settings:
+    database: Path
+    key_file: Path  # the site's age identity (private)
+    signing_key_file: Path  # HMAC key for challenge tokens and sessions (private)
+    tmp_dir: Path
+    keep_bundles: bool = False
+    bundle_dir: Path | None = None
+    max_upload_bytes: int = 20 * 1024 * 1024
+    max_decompressed_bytes: int = 64 * 1024 * 1024
+    max_files: int = 16
+    max_file_bytes: int = 48 * 1024 * 1024
+    max_stanzas: int = 8
+    challenge_ttl_s: int = 7 * 24 * 3600
+    challenges_per_hour: int = 60
+    uploads_per_hour: int = 30
+    operators: frozenset[str] = frozenset()
+    github_client_id: str = ""
+    github_client_secret: str = ""
+    github_authorize_url: str = "https://github.com/login/oauth/authorize"
+    github_token_url: str = "https://github.com/login/oauth/access_token"
+    github_user_url: str = "https://api.github.com/user"
+    public_url: str = "http://127.0.0.1:8000"
+
+    def __repr__(self) -> str:  # never print secrets, even by accident
+        return f"Settings(database={self.database}, key_file=<path>, keep_bundles={self.keep_bundles})"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        data = Path(env.get("ALE_VERIFY_DATA", "verifier-data"))
+        g = env.get
+
+        def n(name: str, default: int) -> int:
+            return _int(env, name, default)
+
+        return cls(
+            database=Path(g("ALE_VERIFY_DATABASE", str(data / "verifier.sqlite3"))),
+            key_file=Path(g("ALE_VERIFY_KEY_FILE", str(data / "site-identity.txt"))),
+            signing_key_file=Path(g("ALE_VERIFY_SIGNING_KEY_FILE", str(data / "signing-key.bin"))),
+            tmp_dir=Path(g("ALE_VERIFY_TMP", str(data / "tmp"))),
+            keep_bundles=_bool(g("KEEP_SUBMISSION_BUNDLES"), False),
+            bundle_dir=Path(g("ALE_VERIFY_BUNDLE_DIR", str(data / "bundles"))),
+            max_upload_bytes=n("ALE_VERIFY_MAX_UPLOAD_BYTES", 20 * 1024 * 1024),
+            max_decompressed_bytes=n("ALE_VERIFY_MAX_DECOMPRESSED_BYTES", 64 * 1024 * 1024),
+            max_files=n("ALE_VERIFY_MAX_FILES", 16),
+            max_file_bytes=n("ALE_VERIFY_MAX_FILE_BYTES", 48 * 1024 * 1024),
+            max_stanzas=n("ALE_VERIFY_MAX_STANZAS", 8),
+            challenge_ttl_s=n("ALE_VERIFY_CHALLENGE_TTL_S", 7 * 24 * 3600),
+            challenges_per_hour=n("ALE_VERIFY_CHALLENGES_PER_HOUR", 60),
+            uploads_per_hour=n("ALE_VERIFY_UPLOADS_PER_HOUR", 30),
+            operators=frozenset(o.strip() for o in g("ALE_VERIFY_OPERATORS", "").split(",") if o.strip()),
+            github_client_id=g("GITHUB_CLIENT_ID", ""),
+            github_client_secret=g("GITHUB_CLIENT_SECRET", ""),
+            github_authorize_url=g("GITHUB_AUTHORIZE_URL", "https://github.com/login/oauth/authorize"),
+            github_token_url=g("GITHUB_TOKEN_URL", "https://github.com/login/oauth/access_token"),
+            github_user_url=g("GITHUB_USER_URL", "https://api.github.com/user"),
+            public_url=g("ALE_VERIFY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/"),
+        )

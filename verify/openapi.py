@@ -1,0 +1,294 @@
+"""The OpenAPI 3.1 document the app serves at /api/v1/openapi.json."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["reason", "message"],
+            "properties": {"reason": {"type": "string"}, "message": {"type": "string"}},
+        }
+    },
+}
+LEVEL = {"enum": ["self_reported", "validated", "audited", "officially_verified", "revoked", None]}
+REASONS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["reason", "message"],
+        "properties": {"reason": {"type": "string"}, "message": {"type": "string"}},
+    },
+}
+SUBMISSION = {
+    "type": "object",
+    "required": ["id", "status", "level", "reason", "reasons", "received_at", "run_id", "summary", "history"],
+    "properties": {
+        "id": {"type": "string"},
+        "status": {"enum": ["accepted", "rejected"]},
+        "level": LEVEL,
+        "reason": {"type": ["string", "null"]},
+        "reasons": REASONS,
+        "received_at": {"type": "number"},
+        "run_id": {"type": ["string", "null"]},
+        "summary": {"type": "object"},
+        "history": {"type": "array", "items": {"type": "object"}},
+    },
+}
+VERDICT = {
+    "type": "object",
+    "required": ["id", "status", "level", "reason", "reasons", "url"],
+    "properties": {
+        "id": {"type": "string"},
+        "status": {"enum": ["accepted", "rejected"]},
+        "level": LEVEL,
+        "reason": {"type": ["string", "null"]},
+        "reasons": REASONS,
+        "url": {"type": "string"},
+    },
+}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
+
+
+def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+AUTH = [{"bearer": []}]
+ID_PARAM = {"name": "submission_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 64}}
+REASON_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["reason"],
+                "additionalProperties": False,
+                "properties": {"reason": {"type": "string", "minLength": 1, "maxLength": 2000}},
+            }
+        }
+    },
+}
+
+
+def document(server_url: str) -> dict[str, Any]:
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "ALE Robotics verifier",
+            "version": "1.0.0",
+            "description": "Challenges, encrypted submissions, verification levels and the leaderboard.",
+        },
+        "servers": [{"url": server_url}],
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {"Error": ERROR, "Submission": SUBMISSION, "Verdict": VERDICT},
+        },
+        "paths": {
+            "/healthz": {"get": {"operationId": "health", "responses": {"200": _json({"type": "object"})}}},
+            "/api/v1/submission-key": {
+                "get": {
+                    "operationId": "submissionKey",
+                    "summary": "the site's age X25519 public key",
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["recipient", "format", "max_upload_bytes"],
+                                "properties": {
+                                    "recipient": {"type": "string", "pattern": "^age1"},
+                                    "format": {"const": "age-x25519"},
+                                    "max_upload_bytes": {"type": "integer"},
+                                },
+                            }
+                        )
+                    },
+                }
+            },
+            "/api/v1/challenges": {
+                "post": {
+                    "operationId": "createChallenge",
+                    "security": AUTH,
+                    "summary": "a one-time, expiring, server-signed challenge; the run binds its nonce",
+                    "responses": {
+                        "201": _json(
+                            {
+                                "type": "object",
+                                "required": ["challenge_id", "nonce", "token", "expires_at"],
+                                "properties": {
+                                    "challenge_id": {"type": "string"},
+                                    "nonce": {"type": "string"},
+                                    "token": {"type": "string"},
+                                    "expires_at": {"type": "number"},
+                                },
+                            },
+                            "Created",
+                        ),
+                        "400": _error("parameters given"),
+                        "401": _error("no valid token"),
+                        "429": _error("rate limited"),
+                    },
+                }
+            },
+            "/api/v1/submissions": {
+                "post": {
+                    "operationId": "submit",
+                    "security": AUTH,
+                    "summary": "upload an encrypted bundle (age(zstd(tar))); the verdict comes back at once",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/octet-stream": {
+                                "schema": {"type": "string", "format": "binary", "maxLength": 20 * 1024 * 1024}
+                            }
+                        },
+                    },
+                    "responses": {
+                        "201": _json({"$ref": "#/components/schemas/Verdict"}, "accepted, with its level"),
+                        "422": _json({"$ref": "#/components/schemas/Verdict"}, "rejected, with its reasons"),
+                        "400": _error("empty upload or a refused field"),
+                        "401": _error("no valid token"),
+                        "413": _error("over the size cap"),
+                        "429": _error("rate limited"),
+                    },
+                }
+            },
+            "/api/v1/submissions/{submission_id}": {
+                "get": {
+                    "operationId": "getSubmission",
+                    "parameters": [ID_PARAM],
+                    "responses": {
+                        "200": _json({"$ref": "#/components/schemas/Submission"}),
+                        "404": _error("unknown id"),
+                    },
+                }
+            },
+            "/api/v1/leaderboard": {
+                "get": {
+                    "operationId": "leaderboard",
+                    "parameters": [
+                        {
+                            "name": "category",
+                            "in": "query",
+                            "required": False,
+                            "schema": {"enum": ["overall", "reproduction", "open"]},
+                        }
+                    ],
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["category", "rows"],
+                                "properties": {
+                                    "category": {"type": "string"},
+                                    "rows": {"type": "array", "items": {"type": "object"}},
+                                },
+                            }
+                        ),
+                        "400": _error("unknown category"),
+                    },
+                }
+            },
+            "/api/v1/operator/submissions/{submission_id}/audit": {
+                "post": {
+                    "operationId": "audit",
+                    "security": AUTH,
+                    "parameters": [ID_PARAM],
+                    "requestBody": REASON_BODY,
+                    "responses": {
+                        "200": _json({"$ref": "#/components/schemas/Submission"}),
+                        "400": _error("bad body"),
+                        "401": _error("no valid token"),
+                        "403": _error("not an operator"),
+                        "404": _error("unknown id"),
+                        "409": _error("not allowed from its level"),
+                    },
+                }
+            },
+            "/api/v1/operator/submissions/{submission_id}/revoke": {
+                "post": {
+                    "operationId": "revoke",
+                    "security": AUTH,
+                    "parameters": [ID_PARAM],
+                    "requestBody": REASON_BODY,
+                    "responses": {
+                        "200": _json({"$ref": "#/components/schemas/Submission"}),
+                        "400": _error("bad body"),
+                        "401": _error("no valid token"),
+                        "403": _error("not an operator"),
+                        "404": _error("unknown id"),
+                        "409": _error("already revoked or rejected"),
+                    },
+                }
+            },
+            "/api/v1/operator/runner-keys": {
+                "get": {
+                    "operationId": "listRunnerKeys",
+                    "security": AUTH,
+                    "responses": {
+                        "200": _json({"type": "object"}),
+                        "401": _error("no valid token"),
+                        "403": _error("not an operator"),
+                    },
+                },
+                "post": {
+                    "operationId": "registerRunnerKey",
+                    "security": AUTH,
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["public_key", "kind", "label"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "public_key": {"type": "string"},
+                                        "label": {"type": "string"},
+                                        "kind": {
+                                            "enum": [
+                                                "benchmark_team",
+                                                "approved_third_party",
+                                                "hardware_attested",
+                                                "official_rerun",
+                                            ]
+                                        },
+                                    },
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "201": _json({"type": "object"}, "registered"),
+                        "400": _error("bad body"),
+                        "401": _error("no valid token"),
+                        "403": _error("not an operator"),
+                        "409": _error("already registered"),
+                    },
+                },
+            },
+            "/api/v1/operator/runner-keys/{key_id}": {
+                "delete": {
+                    "operationId": "retireRunnerKey",
+                    "security": AUTH,
+                    "parameters": [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": _json({"type": "object"}),
+                        "401": _error("no valid token"),
+                        "403": _error("not an operator"),
+                        "404": _error("unknown key"),
+                    },
+                }
+            },
+        },
+    }

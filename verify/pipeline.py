@@ -1,0 +1,321 @@
+"""The upload pipeline, in ``architecture.txt``'s order. Each step is a small function; each
+failure a :class:`~ale.core.verify.VerificationError` whose ``reason`` the database stores and the
+API returns. Anything else raised here is our bug (HTTP 500), never the uploader's.
+
+1. receive ciphertext (streamed to a temp file by the app, the size cap enforced while reading)
+2. SHA-256 of the ciphertext
+3. decrypt with the site's private key (age header stanzas capped first)
+4. enforce the decompressed-size and file-count limits while decompressing
+5. safe tar inspection (traversal, absolute paths, links, devices, FIFOs refused; nothing is
+   written to disk: members are read into memory)
+6. allow-listed files only, all of them
+7. JSON documents parse and are what they claim to be; no field may claim a verification level
+8. challenge token (server-signed, unexpired, one-time) and the nonce bound in the trajectory
+9. hash chain of the trajectory
+10. integrity root (file digests, Merkle root, chain head) and a registered runner's signature
+11. benchmark and task versions, coverage
+12. recompute the scores from the evaluator results and compare with the claimed ones
+13. audit summary
+14. persist metadata (submission row + audit log entry)
+15. delete the plaintext and ciphertext temp files (every path, failures included)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+from ale_verify import db, tokens
+from ale_verify.config import Settings
+
+from ale import catalog
+from ale.core import bundle
+from ale.core.signing import SignatureError, verify_root
+from ale.core.verify import (
+    Documents,
+    VerificationError,
+    check_chain,
+    check_integrity,
+    check_versions,
+    parse_documents,
+    recompute_scores,
+)
+from ale.runner.inspect import installed_releases
+
+log = logging.getLogger(__name__)
+
+#: Fields no upload may carry: levels are assigned by the backend only.
+ELEVATION_FIELDS = frozenset({"level", "verification_level", "verified", "audited", "officially_verified", "status"})
+
+
+@attrs.frozen
+class Outcome:
+    submission_id: str
+    status: str  # accepted | rejected
+    level: str | None
+    reason: str | None  # the first failure's code
+    reasons: list[dict[str, str]]
+    summary: dict[str, Any]
+
+
+def _limits(settings: Settings) -> bundle.Limits:
+    return bundle.Limits(
+        max_ciphertext=settings.max_upload_bytes,
+        max_decompressed=settings.max_decompressed_bytes,
+        max_files=settings.max_files,
+        max_file_bytes=settings.max_file_bytes,
+        max_stanzas=settings.max_stanzas,
+    )
+
+
+def read_identity(settings: Settings) -> str:
+    for line in settings.key_file.read_text().splitlines():
+        if line.strip().startswith("AGE-SECRET-KEY-1"):
+            return line.strip()
+    raise RuntimeError(f"{settings.key_file} holds no age identity")  # an operator error, not the uploader's
+
+
+# -- steps --------------------------------------------------------------------------------------
+
+
+def step_decrypt(ciphertext: bytes, settings: Settings) -> bytes:
+    bundle.check_age_header(ciphertext, _limits(settings))
+    return bundle.decrypt(ciphertext, read_identity(settings), _limits(settings))
+
+
+def step_decompress(plain: bytes, settings: Settings) -> bytes:
+    return bundle.decompress(plain, _limits(settings))
+
+
+def step_inspect_tar(tar: bytes, settings: Settings) -> dict[str, bytes]:
+    return bundle.inspect_tar(tar, _limits(settings))
+
+
+def step_allowlist(files: dict[str, bytes]) -> None:
+    bundle.check_allowlist(files)
+
+
+def _find_elevation(value: Any, depth: int = 0) -> str | None:
+    if depth > 32:
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in ELEVATION_FIELDS:
+                return key
+            found = _find_elevation(item, depth + 1)
+            if found:
+                return found
+    return None
+
+
+def step_schemas(files: dict[str, bytes]) -> Documents:
+    docs = parse_documents(files)
+    for name, doc in (("manifest.json", docs.manifest), ("score_breakdown.json", docs.claimed)):
+        field = _find_elevation(doc)
+        if field is not None:
+            raise VerificationError("self_elevation", f"{name} carries {field!r}: levels are assigned by the verifier")
+    return docs
+
+
+def step_challenge(
+    docs: Documents, settings: Settings, signing_key: bytes, *, user_id: str, submission_id: str, now: float
+) -> dict[str, Any] | None:
+    """Verify the token and consume its challenge; None when the run had no challenge."""
+    challenge = docs.manifest.get("challenge")
+    if challenge is None:
+        return None
+    if not isinstance(challenge, dict):
+        raise VerificationError("schema_invalid", "manifest.json: challenge must be an object or null")
+    try:
+        payload = tokens.verify(signing_key, challenge.get("token"), now=now)
+    except tokens.TokenError as exc:
+        raise VerificationError(exc.reason, str(exc)) from None
+    row = db.get_challenge(settings.database, payload["cid"])
+    if row is None or row["nonce"] != payload["nonce"]:
+        raise VerificationError("token_invalid", "the challenge token names no challenge this site issued")
+    if row["user_id"] != user_id:
+        raise VerificationError("token_invalid", "the challenge was issued to another user")
+    if challenge.get("nonce") != payload["nonce"]:
+        raise VerificationError("nonce_mismatch", "the manifest's nonce is not the challenge's")
+    # The nonce must be the one bound into the trajectory's first event (checked with the chain).
+    try:
+        db.consume_challenge(settings.database, payload["cid"], submission_id)
+    except db.Conflict:
+        raise VerificationError("token_replayed", "the challenge token was already used") from None
+    return row
+
+
+def step_signature(docs: Documents, root: str, settings: Settings) -> dict[str, Any] | None:
+    """A runner signature over the root, if any: it must verify and name a registered, active key."""
+    signature = docs.integrity.get("signature")
+    if signature is None:
+        return None
+    try:
+        key_id = verify_root(signature, root)
+    except SignatureError as exc:
+        raise VerificationError("bad_signature", str(exc)) from None
+    key = db.runner_key(settings.database, key_id)
+    if key is None or key["retired_at"] is not None or key["public_key"] != signature["public_key"]:
+        raise VerificationError("unregistered_runner", "the bundle is signed by a key that is not a registered runner")
+    return key
+
+
+def audit_summary(
+    docs: Documents,
+    recomputed: Any,
+    *,
+    challenge: dict[str, Any] | None,
+    runner: dict[str, Any] | None,
+    ciphertext_sha256: str,
+    root: str,
+    events: int,
+) -> dict[str, Any]:
+    m = docs.manifest
+    run = m.get("run") or {}
+    agent = m.get("agent") or {}
+    agg = recomputed.aggregate
+    return {
+        "run_id": m.get("run_id"),
+        "agent": {"name": agent.get("name"), "declared": agent.get("declared") or {}},
+        "release": (m.get("release") or {}).get("name"),
+        "release_sha256": (m.get("release") or {}).get("manifest_sha256"),
+        "tasks": [{**t_score, "status": "completed"} for t_score in (docs.claimed.get("tasks") or [])]
+        + [
+            {"task": t.task, "genre": t.genre, "status": t.status, "reason": t.reason}
+            for t in docs.results.tasks
+            if t.status != "completed"
+        ],
+        "task_info": {
+            t.task: {"mode": t.mode, "genre": t.genre, "official_episodes": t.official_episodes}
+            for t in docs.results.tasks
+        },
+        "macro_mean": agg.macro_mean,
+        "categories": agg.categories,
+        "pass_rate": agg.pass_rate,
+        "covered": list(agg.covered),
+        "missing": list(agg.missing),
+        "coverage_complete": agg.coverage_complete,
+        "official_episode_counts": bool(run.get("official_episode_counts")),
+        "started": run.get("started"),
+        "finished": run.get("finished"),
+        "usage": (docs.network.get("usage") or {}),
+        "network_proxy": docs.network.get("proxy"),
+        "runtime": m.get("runtime") or {},
+        "challenge_id": challenge["id"] if challenge else None,
+        "runner": None
+        if runner is None
+        else {"key_id": runner["key_id"], "kind": runner["kind"], "label": runner["label"]},
+        "ciphertext_sha256": ciphertext_sha256,
+        "merkle_root": root,
+        "trajectory_events": events,
+    }
+
+
+def assign_level(summary: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """The level the backend can prove, with notes on what kept it lower."""
+    notes = []
+    if summary["challenge_id"] is None:
+        notes.append({"reason": "no_challenge", "message": "the run had no challenge: freshness cannot be proven"})
+    if not summary["official_episode_counts"]:
+        notes.append({"reason": "unofficial_episodes", "message": "the run overrode the official episode counts"})
+    if notes:
+        return "self_reported", notes
+    if summary["runner"] is not None:
+        return "officially_verified", notes
+    return "validated", notes
+
+
+# -- the pipeline -------------------------------------------------------------------------------
+
+
+def process_upload(ciphertext_path: Path, settings: Settings, signing_key: bytes, *, user_id: str) -> Outcome:
+    """Run every step on an uploaded file; always deletes it (unless bundles are kept)."""
+    submission_id = "sub_" + secrets.token_hex(12)
+    now = time.time()
+    digest = ""
+    try:
+        ciphertext = ciphertext_path.read_bytes()  # 1. received
+        digest = hashlib.sha256(ciphertext).hexdigest()  # 2.
+        try:
+            plain = step_decrypt(ciphertext, settings)  # 3.
+            tar = step_decompress(plain, settings)  # 4.
+            del plain
+            files = step_inspect_tar(tar, settings)  # 5.
+            del tar
+            step_allowlist(files)  # 6.
+            docs = step_schemas(files)  # 7.
+            challenge = step_challenge(
+                docs, settings, signing_key, user_id=user_id, submission_id=submission_id, now=now
+            )  # 8.
+            chain = check_chain(
+                docs, expected_nonce=challenge["nonce"] if challenge else None, check_nonce=challenge is not None
+            )  # 9.
+            root = check_integrity(files, docs, chain)  # 10.
+            runner = step_signature(docs, root, settings)
+            releases = installed_releases()
+            release = check_versions(  # 11.
+                docs,
+                release_for=lambda sha: (releases[sha], sha) if sha in releases else None,
+                task_digests={t.spec.ref: t.digest for t in catalog.tasks().values()},
+            )
+            recomputed = recompute_scores(docs, release)  # 12.
+        except (VerificationError, bundle.BundleError) as exc:
+            reason = exc.reason
+            outcome = Outcome(
+                submission_id,
+                "rejected",
+                None,
+                reason,
+                [{"reason": reason, "message": str(exc)}],
+                {"ciphertext_sha256": digest},
+            )
+            _persist(outcome, settings, user_id=user_id, now=now, run_id=None)
+            return outcome
+        summary = audit_summary(
+            docs,
+            recomputed,
+            challenge=challenge,
+            runner=runner,
+            ciphertext_sha256=digest,
+            root=root,
+            events=chain.events,
+        )  # 13.
+        level, notes = assign_level(summary)
+        outcome = Outcome(submission_id, "accepted", level, None, notes, summary)
+        _persist(outcome, settings, user_id=user_id, now=now, run_id=summary["run_id"])  # 14.
+        if settings.keep_bundles and settings.bundle_dir is not None:
+            settings.bundle_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(ciphertext_path, settings.bundle_dir / f"{submission_id}.ale")
+        return outcome
+    finally:
+        ciphertext_path.unlink(missing_ok=True)  # 15. (the plaintext never touched the disk)
+
+
+def _persist(outcome: Outcome, settings: Settings, *, user_id: str, now: float, run_id: str | None) -> None:
+    row = {
+        "id": outcome.submission_id,
+        "user_id": user_id,
+        "received_at": now,
+        "ciphertext_sha256": outcome.summary.get("ciphertext_sha256", ""),
+        "status": outcome.status,
+        "level": outcome.level,
+        "reason": outcome.reason,
+        "reasons": outcome.reasons,
+        "run_id": run_id,
+        "summary": outcome.summary,
+    }
+    audit = {
+        "at": now,
+        "actor": "verifier",
+        "action": "accepted" if outcome.status == "accepted" else "rejected",
+        "from_level": None,
+        "to_level": outcome.level,
+        "reason": outcome.reason or "all checks passed",
+    }
+    db.insert_submission(settings.database, row, audit)
