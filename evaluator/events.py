@@ -38,18 +38,23 @@ class EventLog:
         self._stream.write(json.dumps(record, sort_keys=True, separators=(",", ":")) + "\n")
 
     def _flush_counts(self) -> None:
-        for (endpoint, method, env_id, code), n in sorted(self._counts.items()):
-            self._write(
-                {
-                    "kind": "rpc_summary",
-                    "endpoint": endpoint,
-                    "method": method,
-                    "env_id": env_id,
-                    "code": code,
-                    "calls": n,
-                }
-            )
+        for key, n in sorted(self._counts.items()):
+            endpoint, method, env_id, code = key
+            record: dict[str, Any] = {
+                "kind": "rpc_summary",
+                "endpoint": endpoint,
+                "method": method,
+                "env_id": env_id,
+                "code": code,
+                "calls": n,
+            }
+            if method == "Step":
+                record["env_steps"] = self._steps[key]
+                if endpoint == "agent":
+                    record["agent_env_steps_total"] = self._agent_env_steps
+            self._write(record)
         self._counts.clear()
+        self._steps.clear()
         self._last_flush = time.monotonic()
         assert self._stream is not None
         self._stream.flush()

@@ -47,6 +47,7 @@ from ale.core.verify import (
     recompute_scores,
 )
 from ale.runner.inspect import installed_releases
+from ale.schemas import validate_document
 
 log = logging.getLogger(__name__)
 
@@ -101,25 +102,15 @@ def step_allowlist(files: dict[str, bytes]) -> None:
     bundle.check_allowlist(files)
 
 
-def _find_elevation(value: Any, depth: int = 0) -> str | None:
-    if depth > 32:
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key in ELEVATION_FIELDS:
-                return key
-            found = _find_elevation(item, depth + 1)
-            if found:
-                return found
-    return None
-
-
 def step_schemas(files: dict[str, bytes]) -> Documents:
-    docs = parse_documents(files)
-    for name, doc in (("manifest.json", docs.manifest), ("score_breakdown.json", docs.claimed)):
-        field = _find_elevation(doc)
-        if field is not None:
-            raise VerificationError("self_elevation", f"{name} carries {field!r}: levels are assigned by the verifier")
+    docs = parse_documents(files, validate_document)
+    m = docs.manifest
+    for where, doc in (("manifest.json", m), ("manifest.json run", m.get("run")),
+                       ("manifest.json agent.declared", (m.get("agent") or {}).get("declared"))):  # fmt: skip
+        if isinstance(doc, dict):
+            field = next((k for k in doc if k in ELEVATION_FIELDS - {"status"}), None)
+            if field is not None:
+                raise VerificationError("self_elevation", f"{where} carries {field!r}: levels are the verifier's")
     return docs
 
 
@@ -262,7 +253,7 @@ def process_upload(ciphertext_path: Path, settings: Settings, signing_key: bytes
             release = check_versions(  # 11.
                 docs,
                 release_for=lambda sha: (releases[sha], sha) if sha in releases else None,
-                task_digests={t.spec.ref: t.digest for t in catalog.tasks().values()},
+                known_tasks={t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()},
             )
             recomputed = recompute_scores(docs, release)  # 12.
         except (VerificationError, bundle.BundleError) as exc:

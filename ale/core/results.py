@@ -86,7 +86,7 @@ class TaskResult:
     mode: Literal["interactive", "batch"]
     official_episodes: int
     status: Literal["completed", "not_completed"]
-    reason: str  # why not completed ("" when completed)
+    reason: str  # why not completed, or a note on a completed one (aborted episodes); "" when none
     result: EvalResult | None
 
 

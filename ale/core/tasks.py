@@ -23,7 +23,7 @@ Mode = Literal["interactive", "batch"]
 Direction = Literal["higher", "lower"]
 
 _ID = re.compile(r"^[a-z][a-z0-9-]{1,62}[a-z0-9]$")
-_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+_VERSION = re.compile(r"^[0-9]+\.[0-9]+\.[0-9]+$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 

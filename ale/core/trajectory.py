@@ -40,7 +40,7 @@ PRODUCERS = ("trusted_harness", "trusted_evaluator", "trusted_network_proxy", "u
 FIELDS = frozenset(
     {"schema", "seq", "producer", "producer_sequence", "wall_time", "monotonic", "kind", "data", "prev_hash", "hash"}
 )
-_WALL_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$")
+_WALL_TIME = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z$")
 _KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MAX_LINE_BYTES = 1 << 20
@@ -156,7 +156,10 @@ def _check_fields(number: int, event: dict[str, Any]) -> None:
         raise ChainError("bad_fields", number, f"fields missing {missing} or unexpected {extra}")
     checks = [
         (event["schema"] == EVENT_SCHEMA, "bad_schema", f"schema is not {EVENT_SCHEMA}"),
-        (event["producer"] in PRODUCERS, "bad_producer", f"unknown producer {event['producer']!r}"),
+        (type(event["seq"]) is int, "bad_sequence", "seq is not an integer"),
+        (type(event["producer_sequence"]) is int, "bad_sequence", "producer_sequence is not an integer"),
+        (isinstance(event["producer"], str) and event["producer"] in PRODUCERS, "bad_producer",
+         f"unknown producer {event['producer']!r}"),
         (isinstance(event["kind"], str) and bool(_KIND.fullmatch(event["kind"])), "bad_kind", "bad kind"),
         (isinstance(event["wall_time"], str) and bool(_WALL_TIME.fullmatch(event["wall_time"])), "bad_time",
          "wall_time is not RFC 3339 UTC with microseconds"),

@@ -22,10 +22,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-import zstandard
 
 from ale.core import bundle
-from ale.core.canonical import canonical_json
+from ale.core.canonical import CanonicalError, canonical_json
 from ale.core.merkle import files_root
 from ale.core.parse import ParseError
 from ale.core.release import ReleaseManifest
@@ -37,6 +36,7 @@ from ale.core.results import (
     score_breakdown_document,
     score_run,
 )
+from ale.core.tasks import TaskSpec
 from ale.core.trajectory import ChainError, ChainSummary, verify_chain
 
 MAX_EVENTS_BYTES = 256 * 1024 * 1024
@@ -63,29 +63,29 @@ class Report:
     artifacts: dict[str, Any]
 
 
-def _object(files: Mapping[str, bytes], name: str, schema: str) -> dict[str, Any]:
+def _object(files: Mapping[str, bytes], name: str, schema: str | None) -> dict[str, Any]:
     try:
         value = json.loads(files[name])
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise VerificationError("schema_invalid", f"{name} is not valid JSON") from None
-    if not isinstance(value, dict) or value.get("schema") != schema:
-        raise VerificationError("schema_invalid", f"{name} is not a {schema} document")
+    if not isinstance(value, dict) or (schema is not None and value.get("schema") != schema):
+        raise VerificationError("schema_invalid", f"{name} is not a {schema or 'JSON object'} document")
     return value
 
 
 def _events(raw: bytes) -> bytes:
+    """Decompress the trajectory, refusing it as soon as it grows past its limit."""
     try:
-        reader = zstandard.ZstdDecompressor().decompressobj()
-        out = reader.decompress(raw[: 64 * 1024 * 1024])
-    except zstandard.ZstdError as exc:
-        raise VerificationError("schema_invalid", f"events.jsonl.zst is not zstd: {exc}") from None
-    if len(out) > MAX_EVENTS_BYTES:
-        raise VerificationError("too_large", "the trajectory decompresses beyond its limit")
-    return out
+        return bundle.decompress(raw, bundle.Limits(max_decompressed=MAX_EVENTS_BYTES))
+    except bundle.BundleError as exc:
+        reason = "too_large" if exc.reason == "decompressed_too_large" else "schema_invalid"
+        raise VerificationError(reason, f"events.jsonl.zst: {exc}") from None
 
 
 def _close(a: Any, b: Any) -> bool:
-    """Structural equality with floats compared to 1e-9 relative (JSON round trips are exact anyway)."""
+    """Structural equality with floats compared to 1e-9 relative; booleans never equal numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
     if isinstance(a, float) or isinstance(b, float):
         return (
             isinstance(a, (int, float))
@@ -96,7 +96,7 @@ def _close(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
+    return type(a) is type(b) and bool(a == b)
 
 
 @attrs.frozen
@@ -113,8 +113,26 @@ class Documents:
     events: bytes
 
 
-def parse_documents(files: Mapping[str, bytes]) -> Documents:
-    """Step 2: every JSON file parses and is the document it claims to be (``schema_invalid``)."""
+Validator = Callable[[str, Any], None]
+
+
+def parse_documents(files: Mapping[str, bytes], validate: Validator | None = None) -> Documents:
+    """Step 2: every JSON file parses, is canonical (RFC 8785 plus a newline), and is the document it
+    claims to be; with ``validate(file_name, document)`` (the published JSON Schemas) strictly so."""
+    for name, data in files.items():
+        if name.endswith(".json"):
+            doc = _object(files, name, None)
+            try:
+                canonical = canonical_json(doc) + b"\n"
+            except CanonicalError as exc:
+                raise VerificationError("schema_invalid", f"{name}: {exc}") from None
+            if canonical != data:
+                raise VerificationError("schema_invalid", f"{name} is not in canonical form (RFC 8785 and a newline)")
+            if validate is not None:
+                try:
+                    validate(name, doc)
+                except ValueError as exc:
+                    raise VerificationError("schema_invalid", str(exc)) from None
     manifest = _object(files, "manifest.json", "ale-bundle-manifest/v1")
     claimed = _object(files, "score_breakdown.json", "ale-score-breakdown/v1")
     faithfulness = _object(files, "faithfulness.json", "ale-faithfulness/v1")
@@ -162,9 +180,11 @@ def check_versions(
     docs: Documents,
     *,
     release_for: Callable[[str], tuple[ReleaseManifest, str] | None],
-    task_digests: Mapping[str, str],
+    known_tasks: Mapping[str, tuple[TaskSpec, str]],
 ) -> ReleaseManifest:
-    """Benchmark and task versions: a known release, known task definitions, one run."""
+    """Benchmark and task versions: a known release, known task definitions (by digest), and every
+    property the score depends on (genre, mode, metric, direction, episode count) taken from the
+    task definition, never from the bundle's word."""
     release_info = docs.manifest.get("release") or {}
     found = release_for(str(release_info.get("manifest_sha256")))
     if found is None:
@@ -173,29 +193,69 @@ def check_versions(
     results = docs.results
     if results.run_id != docs.manifest.get("run_id"):
         raise VerificationError("inconsistent_results", "task_results.json belongs to another run")
+    official_counts = bool((docs.manifest.get("run") or {}).get("official_episode_counts"))
+    listed = []
     for task in docs.manifest.get("tasks") or []:
         ref = f"{task.get('id')}@{task.get('version')}"
-        if task_digests.get(ref) != task.get("digest"):
+        listed.append(ref)
+        known = known_tasks.get(ref)
+        if known is None or known[1] != task.get("digest"):
             raise VerificationError("unknown_task_version", f"{ref} (digest {task.get('digest')}) is not a known task")
+        spec = known[0]
+        if (task.get("genre"), task.get("mode"), task.get("official_episodes")) != (
+            spec.genre,
+            spec.mode,
+            spec.official_episodes,
+        ):
+            raise VerificationError("task_mismatch", f"{ref}: the manifest misstates its genre, mode or episodes")
         if ref not in release.tasks:
             raise VerificationError("unknown_task_version", f"{ref} is not part of release {release.release}")
+    if sorted(listed) != sorted(t.task for t in results.tasks):
+        raise VerificationError("inconsistent_results", "the manifest and task_results.json list different tasks")
     for t in results.tasks:
-        if t.task not in release.tasks:
+        known = known_tasks.get(t.task)
+        if known is None or t.task not in release.tasks:
             raise VerificationError("unknown_task_version", f"{t.task} is not part of release {release.release}")
-        if t.result is not None and t.result.task_digest != task_digests.get(t.task):
+        spec, digest = known
+        if (t.genre, t.mode, t.official_episodes) != (spec.genre, spec.mode, spec.official_episodes):
+            raise VerificationError(
+                "task_mismatch", f"{t.task}: task_results.json misstates its genre, mode or episodes"
+            )
+        r = t.result
+        if r is None:
+            continue
+        if r.task_digest != digest:
             raise VerificationError("unknown_task_version", f"{t.task}: the evaluator ran a different task definition")
-        if t.result is not None and t.result.run_id != results.run_id:
+        if r.run_id != results.run_id:
             raise VerificationError("inconsistent_results", f"{t.task}: the evaluator result belongs to another run")
+        if (r.mode, r.headline_metric, r.headline_direction) != (
+            spec.mode,
+            spec.headline.metric,
+            spec.headline.direction,
+        ):
+            raise VerificationError(
+                "task_mismatch", f"{t.task}: the result's mode or headline metric is not the task's"
+            )
+        if {s.name for s in r.safety} != set(spec.safety_metrics):
+            raise VerificationError("task_mismatch", f"{t.task}: the result's safety metrics are not the task's")
+        if official_counts and r.num_episodes != spec.official_episodes:
+            raise VerificationError(
+                "task_mismatch", f"{t.task}: {r.num_episodes} episodes, but the task's official count is "
+                f"{spec.official_episodes} and the run claims official counts"
+            )  # fmt: skip
     return release
 
 
 def recompute_scores(docs: Documents, release: ReleaseManifest) -> RunScore:
     """Recompute the scores from the evaluator results and compare them with the claimed ones."""
-    verdicts = {
-        ref: v.get("verdict") if isinstance(v.get("verdict"), bool) else None
-        for ref, v in (docs.faithfulness.get("tasks") or {}).items()
-        if isinstance(v, dict)
-    }
+    verdicts: dict[str, bool | None] = {}
+    for ref, v in (docs.faithfulness.get("tasks") or {}).items():
+        if not isinstance(v, dict):
+            continue
+        verdict = v.get("verdict")
+        if verdict is True and not v.get("judge"):
+            raise VerificationError("inconsistent_results", f"{ref}: a faithful verdict without a judge")
+        verdicts[ref] = verdict if isinstance(verdict, bool) else None
     recomputed = score_run(docs.results, release, verdicts)
     if not _close(json.loads(canonical_json(score_breakdown_document(recomputed, release))), docs.claimed):
         raise VerificationError(
@@ -208,19 +268,21 @@ def check_files(
     files: Mapping[str, bytes],
     *,
     release_for: Callable[[str], tuple[ReleaseManifest, str] | None],
-    task_digests: Mapping[str, str],
+    known_tasks: Mapping[str, tuple[TaskSpec, str]],
+    validate: Validator | None = None,
     expected_nonce: str | None = None,
     check_nonce: bool = False,
 ) -> Report:
     """Steps 2 to 6 over the unpacked files, for offline use (``ale inspect``, ``ale-verify check``).
 
     ``release_for(sha256)`` returns the release manifest with that hash (or None when unknown);
-    ``task_digests`` maps ``id@version`` to the digest of the task this verifier knows.
+    ``known_tasks`` maps ``id@version`` to the task definition and digest this verifier knows;
+    ``validate`` checks a document against its published JSON Schema.
     """
-    docs = parse_documents(files)
+    docs = parse_documents(files, validate)
     chain = check_chain(docs, expected_nonce=expected_nonce, check_nonce=check_nonce)
     check_integrity(files, docs, chain)
-    release = check_versions(docs, release_for=release_for, task_digests=task_digests)
+    release = check_versions(docs, release_for=release_for, known_tasks=known_tasks)
     recomputed = recompute_scores(docs, release)
     return Report(docs.manifest, docs.results, chain, recomputed, docs.claimed, docs.faithfulness, docs.integrity,
                   docs.network, docs.artifacts)  # fmt: skip

@@ -641,6 +641,12 @@ class Harness:
             _agent_sink(rec, "policy_"),
             should_stop=should_stop,
         )
+        if result.dropped_output_bytes:
+            rec.emit(
+                "trusted_harness",
+                "output_truncated",
+                {"task": task.spec.ref, "dropped_bytes": result.dropped_output_bytes},
+            )
         rec.emit(
             "trusted_harness",
             "policy_finished",

@@ -12,6 +12,7 @@ from typing import Any
 from ale import catalog
 from ale.core.release import ReleaseManifest, parse_release
 from ale.core.verify import Report, VerificationError, check_files, unpack
+from ale.schemas import validate_document
 
 
 class IdentityError(ValueError):
@@ -42,12 +43,13 @@ def installed_releases() -> dict[str, ReleaseManifest]:
 
 def offline_check(ciphertext: bytes, identity: str) -> Report:
     releases = installed_releases()
-    digests = {t.spec.ref: t.digest for t in catalog.tasks().values()}
+    known = {t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()}
     files = unpack(ciphertext, identity)
     return check_files(
         files,
         release_for=lambda sha: (releases[sha], sha) if sha in releases else None,
-        task_digests=digests,
+        known_tasks=known,
+        validate=validate_document,
     )
 
 

@@ -37,7 +37,8 @@ MAX_STREAM_BYTES = 8 * 1024 * 1024
 
 
 def code_digest() -> dict[str, Any]:
-    """A digest of the installed code (ale, ale_evaluator) and the dependency lock (name==version)."""
+    """A digest of the installed code (the ale and ale_evaluator packages: runner, client and evaluator)
+    and of the dependency lock (sorted name==version lines)."""
     import ale_evaluator
 
     import ale
@@ -181,7 +182,7 @@ class LocalRuntime:
             raise RuntimeUnavailable(str(exc)) from None
 
     def attestation(self) -> dict[str, Any]:
-        return {"runtime": "local", "sandbox": self.sandbox_kind, "evaluator": code_digest()}
+        return {"runtime": "local", "sandbox": self.sandbox_kind, "code": code_digest()}
 
     @asynccontextmanager
     async def open_evaluator(self, spec: EvaluatorSpec) -> AsyncIterator[LocalEvaluator]:
