@@ -67,6 +67,7 @@ class BatchJob:
     records: list[episodes.EpisodeRecord] = attrs.Factory(list)
     cancel: threading.Event = attrs.Factory(threading.Event)
     cancel_reason: str = "cancelled: the evaluator is shutting down"
+    finished: threading.Event = attrs.Factory(threading.Event)
     on_record: Callable[[episodes.EpisodeRecord], None] | None = None
 
     def seed(self, index: int) -> int:
@@ -76,6 +77,12 @@ class BatchJob:
 
     def run(self) -> None:
         """Run every episode; called on the worker thread."""
+        try:
+            self._run()
+        finally:
+            self.finished.set()
+
+    def _run(self) -> None:
         self.state = pb.BATCH_STATE_RUNNING
         try:
             env = make_env(self.task)

@@ -39,6 +39,7 @@ from ale.protocol import SERVICE_NAME, ProtocolError, decode_tensor, encode_spac
 log = logging.getLogger(__name__)
 
 AGENT, HARNESS = "agent", "harness"
+MAX_WAIT_MS = 10_000
 
 
 @attrs.frozen
@@ -372,6 +373,10 @@ class AleEnvServicer:
             raise not_found(f"unknown batch_id {req.batch_id!r}")
         if self.role == AGENT and job.owner == HARNESS:
             raise denied("this batch evaluation belongs to the harness endpoint")
+        if req.wait_ms > MAX_WAIT_MS:
+            raise invalid(f"wait_ms {req.wait_ms} exceeds the limit of {MAX_WAIT_MS}")
+        if req.wait_ms:
+            job.finished.wait(req.wait_ms / 1000)
         reply = pb.GetBatchEvalStatusResponse(
             state=job.state,  # type: ignore[arg-type]
             episodes_done=len(job.records),

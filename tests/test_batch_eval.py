@@ -450,3 +450,21 @@ def test_an_unknown_batch_id_is_not_found(evaluator):
     for client in (evaluator.agent, evaluator.harness):
         assert code_of(client.get_batch_eval_status, "batch-nope") == grpc.StatusCode.NOT_FOUND
     assert code_of(evaluator.harness.get_eval_result, "batch-nope") == grpc.StatusCode.NOT_FOUND
+
+
+def test_status_with_wait_ms_answers_when_the_batch_finishes(evaluator):
+    policy = linear_policy(np.array([[0.0, 0, 0, 0], [0.0, 0.5, 10.0, 2.0]]), output="discrete")
+    batch = evaluator.agent.submit_batch_eval(policy, num_episodes=3, seed=5)
+    started = time.monotonic()
+    status = evaluator.agent.get_batch_eval_status(batch.batch_id, wait_ms=10_000)
+    assert status.state == pb.BATCH_STATE_DONE
+    assert status.episodes_done == 3
+    assert time.monotonic() - started < 9.0  # answered on completion, not at the deadline
+
+
+def test_wait_ms_over_the_limit_is_refused(evaluator):
+    policy = linear_policy(np.zeros((2, 4)), output="discrete")
+    batch = evaluator.agent.submit_batch_eval(policy, num_episodes=1, seed=5)
+    assert code_of(evaluator.agent.get_batch_eval_status, batch.batch_id, wait_ms=10_001) == (
+        grpc.StatusCode.INVALID_ARGUMENT
+    )

@@ -76,8 +76,9 @@ class AleEnvClient:
             pb.SubmitBatchEvalRequest(policy=policy, official=official, num_episodes=num_episodes, seed=seed),
         )
 
-    def get_batch_eval_status(self, batch_id: str) -> pb.GetBatchEvalStatusResponse:
-        return self._call("GetBatchEvalStatus", pb.GetBatchEvalStatusRequest(batch_id=batch_id))
+    def get_batch_eval_status(self, batch_id: str, *, wait_ms: int = 0) -> pb.GetBatchEvalStatusResponse:
+        """Progress of a batch; with ``wait_ms`` the evaluator answers as soon as it finishes."""
+        return self._call("GetBatchEvalStatus", pb.GetBatchEvalStatusRequest(batch_id=batch_id, wait_ms=wait_ms))
 
     def close(self) -> None:
         if self._own_channel:

@@ -587,11 +587,10 @@ class Harness:
                 return None
             raise
         while True:
-            status = await trio.to_thread.run_sync(client.get_batch_eval_status, batch.batch_id)
+            status = await trio.to_thread.run_sync(lambda: client.get_batch_eval_status(batch.batch_id, wait_ms=1000))
             self.progress.update(task.spec.id, f"{status.episodes_done}/{status.num_episodes} episodes")
             if status.state in (pb.BATCH_STATE_DONE, pb.BATCH_STATE_FAILED):
                 break
-            await trio.sleep(0.2)
         if status.state == pb.BATCH_STATE_FAILED:
             outcome.reason = f"the batch evaluation failed: {status.error}"
         return await trio.to_thread.run_sync(lambda: client.get_eval_result(batch.batch_id, finalize=True))

@@ -336,10 +336,12 @@ class SubmitBatchEvalResponse(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., num_episodes: _Optional[int] = ...) -> None: ...
 
 class GetBatchEvalStatusRequest(_message.Message):
-    __slots__ = ("batch_id",)
+    __slots__ = ("batch_id", "wait_ms")
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     batch_id: str
-    def __init__(self, batch_id: _Optional[str] = ...) -> None: ...
+    wait_ms: int
+    def __init__(self, batch_id: _Optional[str] = ..., wait_ms: _Optional[int] = ...) -> None: ...
 
 class GetBatchEvalStatusResponse(_message.Message):
     __slots__ = ("state", "episodes_done", "num_episodes", "error", "result")
