@@ -62,17 +62,23 @@ def _release(args: argparse.Namespace):
     return manifest, digest, name
 
 
+def _check_recipients(recipients: list[str]) -> None:
+    import pyrage
+
+    for r in recipients:
+        try:
+            pyrage.x25519.Recipient.from_str(r)
+        except pyrage.RecipientError:
+            raise CliError(f"--recipient {r!r} is not an age X25519 public key (age1...)") from None
+
+
 def _recipients(args: argparse.Namespace, out_dir: Path, run_hint: str) -> tuple[list[str], Path | None]:
     import pyrage
 
     recipients = list(args.recipient or [])
     if not recipients and os.environ.get("ALE_RECIPIENT"):
         recipients = [os.environ["ALE_RECIPIENT"]]
-    for r in recipients:
-        try:
-            pyrage.x25519.Recipient.from_str(r)
-        except pyrage.RecipientError:
-            raise CliError(f"--recipient {r!r} is not an age X25519 public key (age1...)") from None
+    _check_recipients(recipients)
     if recipients:
         return recipients, None
     identity = pyrage.x25519.Identity.generate()
@@ -123,6 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise CliError(f"the output folder {out_dir} is not writable: {exc.strerror}") from None
     agent = _agent(args)
+    _check_recipients(args.recipient or ([os.environ["ALE_RECIPIENT"]] if os.environ.get("ALE_RECIPIENT") else []))
     nonce = challenge_token = None
     site_recipient = None
     if args.site:
