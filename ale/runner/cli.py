@@ -166,7 +166,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
     progress = PlainProgress() if plain else LiveProgress(tasks)
-    harness = Harness(options, LocalRuntime(args.sandbox), progress)
+    harness = Harness(options, LocalRuntime(), progress)
     try:
         record = trio.run(harness.run)
     except RunInterrupted as exc:
@@ -274,7 +274,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default="out", help="folder for the bundle (default ./out)")
     run.add_argument("--episodes", type=int, help="override the official episode count (the run is then unofficial)")
     run.add_argument("--agent-time", type=float, help="override the agent's wall-time budget, in seconds")
-    run.add_argument("--sandbox", choices=["bwrap", "unshare"], help="force a sandbox (default: the best available)")
     run.add_argument("--site", help="a verifier's URL: fetch its submission key and a challenge before the run")
     run.add_argument("--token", help="API token for --site (default: $ALE_TOKEN)")
     run.add_argument("--runner-key", help="a registered runner's Ed25519 private key (PEM): sign the bundle")

@@ -36,9 +36,10 @@ from ale.core.release import ReleaseManifest
 from ale.core.results import TASK_RESULTS_SCHEMA
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import MAX_POLICY_BYTES
+from ale.runner._groups import collapse
 from ale.runner.progress import Progress
 from ale.runner.recorder import Recorder, clip_text, open_recorder
-from ale.runner.runtime import EvaluatorHandle, EvaluatorSpec, Runtime
+from ale.runner.runtime import EvaluatorHandle, EvaluatorSpec, EvaluatorStartError, Runtime, SandboxError
 from ale.runner.sandbox import SANDBOX_UID, SOCKET_PATH, TASK_PATH, WORKSPACE_PATH, Limits, SandboxSpec, sandbox_path
 
 AGENT_EVENT_KINDS = frozenset({"message", "tool_call", "tool_result", "shell_command", "api_usage", "note"})
@@ -290,6 +291,7 @@ class Harness:
         self.runtime = runtime
         self.progress = progress
         self.run_id = f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+        self._signalled = False
 
     def _env(self, task: catalog.Task) -> dict[str, str]:
         s = task.spec
@@ -313,7 +315,11 @@ class Harness:
         return self.options.agent_time_s or float(task.spec.budgets.wall_time_s)
 
     async def run(self) -> RunRecord:
-        """Run every task; raise RunInterrupted on Ctrl-C/SIGTERM, RunError when it cannot go on."""
+        """Run every task; raise RunInterrupted on Ctrl-C/SIGTERM, RunError when it cannot go on.
+
+        On either, the run folder is removed and the trajectory, marked ``run_interrupted`` or
+        ``run_failed``, is kept beside the current folder; no bundle can be written.
+        """
         for ref in self.options.tasks:
             catalog.get_task(ref)
         attestation, root = await trio.to_thread.run_sync(self._setup)
@@ -321,56 +327,42 @@ class Harness:
         trajectory = private / "events.jsonl"
         started = time.time()
         outcomes: list[TaskOutcome] = []
-        interrupted = False
+        finished = False
         try:
-            async with open_recorder(trajectory) as rec:
-                rec.emit(
-                    "trusted_harness",
-                    "run_started",
-                    {
-                        "nonce": self.options.nonce,
-                        "run_id": self.run_id,
-                        "harness_version": __version__,
-                        "tasks": [catalog.get_task(t).spec.ref for t in self.options.tasks],
-                        "release": self.options.release_name,
-                        "release_sha256": self.options.release_sha256,
-                        "agent": {"name": self.options.agent.name, "command": list(self.options.agent.command)},
-                        "runtime": attestation.get("runtime"),
-                        "sandbox": attestation.get("sandbox"),
-                    },
-                )
-                try:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(self._watch_signals, nursery.cancel_scope)
-                        for ref in self.options.tasks:
-                            outcome = await self._run_task(catalog.get_task(ref), root, private, rec)
-                            outcomes.append(outcome)
-                        nursery.cancel_scope.cancel()
-                    if getattr(self, "_signalled", None):
-                        raise KeyboardInterrupt
-                except (KeyboardInterrupt, trio.Cancelled):
-                    interrupted = True
+            with collapse():
+                async with open_recorder(trajectory) as rec:
+                    rec.emit("trusted_harness", "run_started", self._run_started(attestation))
+                    try:
+                        with collapse():
+                            async with trio.open_nursery() as nursery:
+                                nursery.start_soon(self._watch_signals, nursery.cancel_scope)
+                                for ref in self.options.tasks:
+                                    outcomes.append(await self._run_task(catalog.get_task(ref), root, private, rec))
+                                nursery.cancel_scope.cancel()
+                        if self._signalled:
+                            raise KeyboardInterrupt
+                    except KeyboardInterrupt:
+                        rec.emit(
+                            "trusted_harness", "run_interrupted", {"completed_tasks": len(outcomes), "incomplete": True}
+                        )
+                        raise
+                    except RunError as exc:
+                        rec.emit("trusted_harness", "run_failed", {"reason": str(exc)})
+                        raise
                     rec.emit(
-                        "trusted_harness", "run_interrupted", {"completed_tasks": len(outcomes), "incomplete": True}
+                        "trusted_harness", "run_finished", {"tasks": {o.task.spec.ref: o.status for o in outcomes}}
                     )
-                    raise
-                except RunError as exc:
-                    rec.emit("trusted_harness", "run_failed", {"reason": str(exc)})
-                    raise
-                rec.emit(
-                    "trusted_harness",
-                    "run_finished",
-                    {"tasks": {o.task.spec.ref: o.status for o in outcomes}},
-                )
-                head, events = rec.head, rec.chain.seq
+                    head, events = rec.head, rec.chain.seq
+            finished = True
         except KeyboardInterrupt:
-            raise RunInterrupted(self._keep_incomplete(trajectory)) from None
-        except RunError:
-            self._keep_incomplete(trajectory)
-            raise
+            raise RunInterrupted(await trio.to_thread.run_sync(self._keep_incomplete, trajectory)) from None
+        except RunError as exc:
+            kept = await trio.to_thread.run_sync(self._keep_incomplete, trajectory)
+            raise RunError(f"{exc}\n({kept})") from None
         finally:
-            if not interrupted:
-                shutil.rmtree(root / "workspace", ignore_errors=True)
+            with trio.CancelScope(shield=True):
+                target = root / "workspace" if finished else root
+                await trio.to_thread.run_sync(lambda: shutil.rmtree(target, ignore_errors=True))
         return RunRecord(
             run_id=self.run_id,
             root=root,
@@ -383,6 +375,19 @@ class Harness:
             chain_head=head,
             events=events,
         )
+
+    def _run_started(self, attestation: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "nonce": self.options.nonce,
+            "run_id": self.run_id,
+            "harness_version": __version__,
+            "tasks": [catalog.get_task(t).spec.ref for t in self.options.tasks],
+            "release": self.options.release_name,
+            "release_sha256": self.options.release_sha256,
+            "agent": {"name": self.options.agent.name, "command": list(self.options.agent.command)},
+            "runtime": attestation.get("runtime"),
+            "sandbox": attestation.get("sandbox"),
+        }
 
     def _setup(self) -> tuple[dict[str, Any], Path]:
         """Blocking set-up, run in a worker thread: check the runtime, attest, make the run folder."""
@@ -424,25 +429,36 @@ class Harness:
         self.progress.phase(s.id, "evaluator", "starting")
         rec.emit("trusted_harness", "task_started", {"task": s.ref, "digest": task.digest, "mode": s.mode})
         try:
-            evaluator_cm = self.runtime.open_evaluator(spec)
-            async with evaluator_cm as ev, trio.open_nursery() as nursery:
-                tail = EvaluatorTail(spec.events_path, rec, s.ref)
-                nursery.start_soon(tail.run)
-                rec.emit("trusted_harness", "evaluator_started", {"task": s.ref})
-                await self._agent_phase(task, ev, tail, task_dir, workspace, rec, outcome)
-                self._check_alive(ev, task)
-                await self._official_phase(task, ev, task_dir, workspace, rec, outcome)
-                self._check_alive(ev, task)
-                await tail.poll()
-                nursery.cancel_scope.cancel()
-            await tail.poll()
-        except OSError as exc:
+            with collapse():
+                await self._task_body(task, spec, rec, task_dir, workspace, outcome)
+        except (EvaluatorStartError, SandboxError, OSError) as exc:
             raise RunError(f"{s.id}: {exc}") from None
         rec.emit(
             "trusted_harness", "task_finished", {"task": s.ref, "status": outcome.status, "reason": outcome.reason}
         )
         self.progress.phase(s.id, "done" if outcome.status == "completed" else "not completed", outcome.reason)
         return outcome
+
+    async def _task_body(
+        self,
+        task: catalog.Task,
+        spec: EvaluatorSpec,
+        rec: Recorder,
+        task_dir: Path,
+        workspace: Path,
+        outcome: TaskOutcome,
+    ) -> None:
+        async with self.runtime.open_evaluator(spec) as ev, trio.open_nursery() as nursery:
+            tail = EvaluatorTail(spec.events_path, rec, task.spec.ref)
+            nursery.start_soon(tail.run)
+            rec.emit("trusted_harness", "evaluator_started", {"task": task.spec.ref})
+            await self._agent_phase(task, ev, tail, task_dir, workspace, rec, outcome)
+            self._check_alive(ev, task)
+            await self._official_phase(task, ev, task_dir, workspace, rec, outcome)
+            self._check_alive(ev, task)
+            await tail.poll()
+            nursery.cancel_scope.cancel()
+        await tail.poll()
 
     @staticmethod
     def _check_alive(ev: EvaluatorHandle, task: catalog.Task) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ import trio
 import trio.lowlevel
 
 from ale.runner import sandbox
+from ale.runner._groups import collapse
 from ale.runner.runtime import (
     EvaluatorSpec,
     EvaluatorStartError,
@@ -139,35 +141,61 @@ class LocalEvaluator:
         return "\n".join(self.stderr_lines)
 
 
-async def _terminate(process: trio.Process, *, group: bool) -> None:
-    def send(sig: int) -> None:
+def _descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (children first, breadth-first), read from /proc."""
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        parent = queue.pop(0)
         try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{tid}/children") as fh:
+                    kids = [int(k) for k in fh.read().split()]
+            except (OSError, ValueError):
+                continue
+            for kid in kids:
+                if kid not in found:
+                    found.append(kid)
+                    queue.append(kid)
+    return found
+
+
+async def _terminate(process: trio.Process, *, group: bool) -> None:
+    """SIGTERM (to the whole tree: a sandboxed agent sits in its own session), then SIGKILL."""
+
+    def send(sig: int) -> None:
+        targets = _descendants(process.pid) if group else []
+        for pid in reversed(targets):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             if group:
                 os.killpg(process.pid, sig)
             else:
                 process.send_signal(sig)
-        except ProcessLookupError:
-            pass
 
     if process.returncode is not None:
         return
-    send(signal.SIGTERM)
-    with trio.move_on_after(KILL_GRACE_S) as scope:
-        scope.shield = True
-        await process.wait()
-    if process.returncode is None:
-        send(signal.SIGKILL)
-        with trio.CancelScope(shield=True):
+    with trio.CancelScope(shield=True):
+        send(signal.SIGTERM)
+        with trio.move_on_after(KILL_GRACE_S):
+            await process.wait()
+        if process.returncode is None:
+            send(signal.SIGKILL)
             await process.wait()
 
 
 class LocalRuntime:
-    """Evaluator as a child process; the agent under bubblewrap (or the weaker unshare fallback)."""
+    """Evaluator as a child process; the agent under bubblewrap."""
 
     name = "local"
 
-    def __init__(self, sandbox_kind: str | None = None) -> None:
-        self._sandbox_kind = sandbox_kind
+    def __init__(self) -> None:
+        self._sandbox_kind: str | None = None
 
     @property
     def sandbox_kind(self) -> str:
@@ -200,58 +228,59 @@ class LocalRuntime:
             process = await trio.lowlevel.open_process(
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_fd,)
             )
+        except OSError as exc:
+            raise EvaluatorStartError(f"cannot start the evaluator: {exc}") from None
         finally:
             os.close(read_fd)
         handle = LocalEvaluator(process, f"unix:{spec.harness_socket}", spec.agent_socket, spec.events_path)
+        assert process.stderr is not None
+        assert process.stdout is not None
+        ready = trio.Event()
+
+        def on_stdout(_s: str, line: bytes) -> None:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                return
+            if isinstance(msg, dict) and msg.get("event") == "ready":
+                ready.set()
+
+        def on_stderr(_s: str, line: bytes) -> None:
+            handle.stderr_lines.append(line.decode(errors="replace"))
+
         try:
-            async with trio.open_nursery() as nursery:
-                stderr = _LineSplitter(
-                    "stderr", lambda _s, line: handle.stderr_lines.append(line.decode(errors="replace"))
-                )
-                assert process.stderr is not None
-                assert process.stdout is not None
-                nursery.start_soon(_pump, process.stderr, stderr)
-                ready = trio.Event()
-                ready_info: dict[str, Any] = {}
+            with collapse():
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_pump, process.stderr, _LineSplitter("stderr", on_stderr))
+                    nursery.start_soon(_pump, process.stdout, _LineSplitter("stdout", on_stdout))
+                    with trio.move_on_after(READY_TIMEOUT_S):
+                        async with trio.open_nursery() as waiter:
 
-                def on_stdout(_s: str, line: bytes) -> None:
+                            async def _exited() -> None:
+                                await process.wait()
+                                waiter.cancel_scope.cancel()
+
+                            async def _ready() -> None:
+                                await ready.wait()
+                                waiter.cancel_scope.cancel()
+
+                            waiter.start_soon(_exited)
+                            waiter.start_soon(_ready)
+                    if not ready.is_set():
+                        await _terminate(process, group=False)
+                        await trio.sleep(0.1)
+                        raise EvaluatorStartError(
+                            f"the evaluator for {spec.task_id} did not become ready "
+                            f"(exit status {process.returncode}):\n{handle.stderr_tail()}"
+                        )
                     try:
-                        msg = json.loads(line)
-                    except ValueError:
-                        return
-                    if isinstance(msg, dict) and msg.get("event") == "ready":
-                        ready_info.update(msg)
-                        ready.set()
-
-                nursery.start_soon(_pump, process.stdout, _LineSplitter("stdout", on_stdout))
-                with trio.move_on_after(READY_TIMEOUT_S):
-                    async with trio.open_nursery() as waiter:
-
-                        async def _exited() -> None:
-                            await process.wait()
-                            waiter.cancel_scope.cancel()
-
-                        async def _ready() -> None:
-                            await ready.wait()
-                            waiter.cancel_scope.cancel()
-
-                        waiter.start_soon(_exited)
-                        waiter.start_soon(_ready)
-                if not ready.is_set():
-                    await _terminate(process, group=False)
-                    await trio.sleep(0.1)
-                    raise EvaluatorStartError(
-                        f"the evaluator for {spec.task_id} did not become ready "
-                        f"(exit status {process.returncode}):\n{handle.stderr_tail()}"
-                    )
-                try:
-                    yield handle
-                finally:
-                    await _terminate(process, group=False)
-                    nursery.cancel_scope.cancel()
+                        yield handle
+                    finally:
+                        await _terminate(process, group=False)
+                        nursery.cancel_scope.cancel()
         finally:
-            if process.returncode is None:  # pragma: no cover - defensive
-                process.kill()
+            if process.returncode is None:
+                await _terminate(process, group=False)
 
     async def run_sandboxed(
         self,
@@ -261,9 +290,8 @@ class LocalRuntime:
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
         read_fd, write_fd = os.pipe()
-        env = {**spec.env, "ALE_EVENT_FD": str(write_fd)}
-        spec = attrs.evolve(spec, env=env)
-        argv = sandbox.bwrap_argv(spec) if self.sandbox_kind == "bwrap" else sandbox.unshare_argv(spec)
+        spec = attrs.evolve(spec, env={**spec.env, "ALE_EVENT_FD": str(write_fd)})
+        argv = sandbox.bwrap_argv(spec)
         started = time.monotonic()
         try:
             process = await trio.lowlevel.open_process(
@@ -282,45 +310,45 @@ class LocalRuntime:
         splitters = [_LineSplitter("stdout", sink), _LineSplitter("stderr", sink), _LineSplitter("event", sink)]
         stopped_for = ""
         events = trio.lowlevel.FdStream(read_fd)
+        assert process.stdout is not None
+        assert process.stderr is not None
         try:
-            async with trio.open_nursery() as readers:
-                assert process.stdout is not None
-                assert process.stderr is not None
-                readers.start_soon(_pump, process.stdout, splitters[0])
-                readers.start_soon(_pump, process.stderr, splitters[1])
-                readers.start_soon(_pump, events, splitters[2])
-                async with trio.open_nursery() as watch:
+            with collapse():
+                async with trio.open_nursery() as readers:
+                    readers.start_soon(_pump, process.stdout, splitters[0])
+                    readers.start_soon(_pump, process.stderr, splitters[1])
+                    readers.start_soon(_pump, events, splitters[2])
+                    async with trio.open_nursery() as watch:
 
-                    async def watchdog() -> None:
-                        nonlocal stopped_for
-                        while True:
-                            await trio.sleep(1.0)
-                            size = await trio.to_thread.run_sync(_dir_size, spec.workspace, spec.limits.workspace_bytes)
-                            if size > spec.limits.workspace_bytes:
-                                stopped_for = "disk"
-                                break
-                            if should_stop is not None and (reason := await should_stop()):
-                                stopped_for = reason
-                                break
-                        await _terminate(process, group=True)
+                        async def watchdog() -> None:
+                            nonlocal stopped_for
+                            while True:
+                                await trio.sleep(1.0)
+                                size = await trio.to_thread.run_sync(
+                                    _dir_size, spec.workspace, spec.limits.workspace_bytes
+                                )
+                                if size > spec.limits.workspace_bytes:
+                                    stopped_for = "disk"
+                                    break
+                                if should_stop is not None and (reason := await should_stop()):
+                                    stopped_for = reason
+                                    break
+                            await _terminate(process, group=True)
 
-                    watch.start_soon(watchdog)
-                    with trio.move_on_after(spec.wall_time_s):
+                        watch.start_soon(watchdog)
+                        with trio.move_on_after(spec.wall_time_s):
+                            await process.wait()
+                        if process.returncode is None and not stopped_for:
+                            stopped_for = "wall_time"
+                            await _terminate(process, group=True)
                         await process.wait()
-                    if process.returncode is None and not stopped_for:
-                        stopped_for = "wall_time"
-                        await _terminate(process, group=True)
-                    await process.wait()
-                    watch.cancel_scope.cancel()
-                with trio.move_on_after(2.0):
-                    await trio.lowlevel.checkpoint()  # let the readers reach end of file
-                readers.cancel_scope.deadline = trio.current_time() + 2.0
-        except trio.Cancelled:
-            stopped_for = stopped_for or "cancelled"
-            with trio.CancelScope(shield=True):
-                await _terminate(process, group=True)
-            raise
+                        watch.cancel_scope.cancel()
+                    readers.cancel_scope.deadline = trio.current_time() + 2.0
         finally:
+            # Whatever ended the wait (a cancellation, an error), the sandbox does not outlive it.
+            if process.returncode is None:
+                stopped_for = stopped_for or "cancelled"
+                await _terminate(process, group=True)
             with trio.CancelScope(shield=True):
                 await events.aclose()
         exit_status = process.returncode if not stopped_for else None

@@ -17,6 +17,7 @@ from typing import IO, Any
 import trio
 
 from ale.core.trajectory import ChainBuilder
+from ale.runner._groups import collapse
 
 MAX_TEXT = 64 * 1024
 
@@ -86,11 +87,12 @@ async def open_recorder(path: Path) -> AsyncIterator[Recorder]:
     fh = await trio.to_thread.run_sync(lambda: open(path, "xb"))  # noqa: SIM115 - closed below
     send, receive = trio.open_memory_channel[bytes](math.inf)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_writer, receive, fh)
-            try:
-                yield Recorder(path, send)
-            finally:
-                send.close()
+        with collapse():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_writer, receive, fh)
+                try:
+                    yield Recorder(path, send)
+                finally:
+                    send.close()
     finally:
         await trio.to_thread.run_sync(fh.close)

@@ -1,4 +1,4 @@
-"""The agent sandbox of the local runtime: a bubblewrap (or unshare) command line.
+"""The agent sandbox of the local runtime: a bubblewrap command line.
 
 Building the argv is pure; running it is :mod:`ale.runner.local`'s job. The sandbox gets no
 network namespace access (a fresh, empty network namespace: loopback only), its own PID, IPC
@@ -47,7 +47,7 @@ class SandboxSpec:
 
 
 class SandboxUnavailable(RuntimeError):
-    """Neither bubblewrap nor unshare can isolate the agent on this machine."""
+    """Bubblewrap cannot isolate the agent on this machine."""
 
 
 def _python_roots() -> list[Path]:
@@ -75,7 +75,13 @@ def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None 
     """The full command line: prlimit, bwrap with its mounts, setpriv (as root), the command."""
     as_root = os.geteuid() == 0 if as_root is None else as_root
     lim = spec.limits
+    # timeout(1) sits between the harness and bwrap: bwrap's --die-with-parent then follows a process
+    # that lives as long as the sandbox (not the harness's short-lived spawning thread), and even a
+    # harness killed with SIGKILL cannot leave a sandbox running past its wall time.
     argv = [
+        shutil.which("timeout") or "timeout",
+        "--kill-after=5",
+        f"{int(spec.wall_time_s) + 30}",
         shutil.which("prlimit") or "prlimit",
         f"--as={lim.memory_bytes}",
         f"--nproc={lim.processes}",
@@ -106,6 +112,7 @@ def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None 
             argv += ["--symlink", os.readlink(link), f"/{name}"]
         elif link.is_dir():
             argv += ["--ro-bind", f"/{name}", f"/{name}"]
+    argv += ["--perms", "0755", "--dir", "/etc"]
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"):
         if os.path.exists(etc):
             argv += ["--ro-bind", etc, etc]
@@ -143,39 +150,21 @@ def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None 
     return argv + list(spec.command)
 
 
-def unshare_argv(spec: SandboxSpec) -> list[str]:
-    """The fallback: network, PID, IPC and UTS isolation and limits, but the host's filesystem.
-
-    Weaker than bubblewrap (the agent sees the host's files with its uid's permissions); the
-    manifest records which sandbox ran.
-    """
-    lim = spec.limits
-    argv = [
-        "prlimit", f"--as={lim.memory_bytes}", f"--nproc={lim.processes}", f"--fsize={lim.file_bytes}",
-        f"--nofile={lim.open_files}", "--core=0", "--",
-        "unshare", "--net", "--pid", "--ipc", "--uts", "--fork", "--kill-child", "--mount-proc",
-        "--", "env", "-i", *[f"{k}={v}" for k, v in sorted(spec.env.items())],
-    ]  # fmt: skip
-    if os.geteuid() == 0:
-        argv += [
-            "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
-        ]  # fmt: skip
-    return argv + list(spec.command)
-
-
 def detect() -> str:
-    """``bwrap`` when bubblewrap works here, else ``unshare``, else SandboxUnavailable."""
+    """``bwrap`` when bubblewrap can isolate the agent here, else SandboxUnavailable.
+
+    There is no weaker fallback: without a mount namespace the agent contract (its paths, and
+    nothing else of the host) cannot be kept, and a run that cannot keep it must not start.
+    """
     import subprocess
 
-    if shutil.which("bwrap"):
-        probe = subprocess.run(
-            ["bwrap", "--unshare-net", "--ro-bind", "/", "/", "--", "true"], capture_output=True, timeout=30
-        )
-        if probe.returncode == 0:
-            return "bwrap"
-    if shutil.which("unshare"):
-        probe = subprocess.run(["unshare", "--net", "--pid", "--fork", "--", "true"], capture_output=True, timeout=30)
-        if probe.returncode == 0:
-            return "unshare"
-    raise SandboxUnavailable("neither bubblewrap (apt-get install bubblewrap) nor unshare --net works on this machine")
+    if not shutil.which("bwrap"):
+        raise SandboxUnavailable("bubblewrap is not installed (apt-get install bubblewrap)")
+    probe = subprocess.run(
+        ["bwrap", "--unshare-net", "--unshare-pid", "--ro-bind", "/", "/", "--", "true"],
+        capture_output=True,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        raise SandboxUnavailable(f"bubblewrap cannot create namespaces here: {probe.stderr.decode(errors='replace')}")
+    return "bwrap"
