@@ -142,7 +142,10 @@ def create_app(settings: Settings) -> Quart:
         return wrapper
 
     async def json_body(*, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-        data = await request.get_json(force=True, silent=True)
+        try:
+            data = await request.get_json(force=True, silent=True)
+        except (UnicodeDecodeError, ValueError):
+            data = None
         if not isinstance(data, dict):
             raise ApiError(400, "bad_request", "the body must be a JSON object")
         unknown = set(data) - set(required) - set(optional)
@@ -289,7 +292,7 @@ def create_app(settings: Settings) -> Quart:
             raise ApiError(400, "bad_request", f"kind is one of {', '.join(db.RUNNER_KINDS)}")
         try:
             raw = base64.b64decode(body["public_key"], validate=True)
-        except binascii.Error:
+        except (binascii.Error, ValueError):
             raw = b""
         if len(raw) != 32:
             raise ApiError(400, "bad_request", "public_key is a base64 raw Ed25519 public key (32 bytes)")
@@ -337,31 +340,13 @@ def create_app(settings: Settings) -> Quart:
     @app.get("/auth/callback")
     async def callback() -> Any:
         state = session.pop("oauth_state", None)
-        if not state or not secrets.compare_digest(str(request.args.get("state", "")), state):
+        given = str(request.args.get("state", "")).encode("utf-8", "surrogatepass")
+        if not state or not secrets.compare_digest(given, str(state).encode()):
             raise ApiError(400, "bad_state", "the OAuth state does not match this browser's login")
         code = request.args.get("code")
         if not code:
             raise ApiError(400, "bad_request", "the provider sent no code")
-        async with httpx.AsyncClient(timeout=15) as client:
-            token_reply = await client.post(
-                settings.github_token_url,
-                data={
-                    "client_id": settings.github_client_id,
-                    "client_secret": settings.github_client_secret,
-                    "code": code,
-                    "redirect_uri": f"{settings.public_url}/auth/callback",
-                },
-                headers={"Accept": "application/json"},
-            )
-            access = token_reply.json().get("access_token") if token_reply.status_code == 200 else None
-            if not access:
-                raise ApiError(502, "oauth_failed", "the provider did not grant an access token")
-            user_reply = await client.get(
-                settings.github_user_url, headers={"Authorization": f"Bearer {access}", "Accept": "application/json"}
-            )
-        login_name = user_reply.json().get("login") if user_reply.status_code == 200 else None
-        if not isinstance(login_name, str) or not login_name:
-            raise ApiError(502, "oauth_failed", "the provider did not return a user")
+        login_name = await _github_login(settings, code)
         user = f"github:{login_name}"
         await run_db(db.upsert_user, settings.database, user, login_name, "github")
         session["user"] = user
@@ -386,6 +371,32 @@ def create_app(settings: Settings) -> Quart:
         return {"logged_out": True}
 
     return app
+
+
+async def _github_login(settings: Settings, code: str) -> str:
+    """Exchange the code for a token and the token for a login; 502 oauth_failed on any misstep."""
+    redirect_uri = f"{settings.public_url}/auth/callback"
+    form = {"client_id": settings.github_client_id, "client_secret": settings.github_client_secret,
+            "code": code, "redirect_uri": redirect_uri}  # fmt: skip
+    try:
+        async with httpx.AsyncClient(timeout=15) as client:
+            token_reply = await client.post(
+                settings.github_token_url, data=form, headers={"Accept": "application/json"}
+            )
+            token_body = token_reply.json() if token_reply.status_code == 200 else None
+            access = token_body.get("access_token") if isinstance(token_body, dict) else None
+            if not isinstance(access, str) or not access:
+                raise ApiError(502, "oauth_failed", "the provider did not grant an access token")
+            user_reply = await client.get(
+                settings.github_user_url, headers={"Authorization": f"Bearer {access}", "Accept": "application/json"}
+            )
+            user_body = user_reply.json() if user_reply.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        raise ApiError(502, "oauth_failed", "the provider could not be reached or answered nonsense") from None
+    login_name = user_body.get("login") if isinstance(user_body, dict) else None
+    if not isinstance(login_name, str) or not login_name or len(login_name) > 100:
+        raise ApiError(502, "oauth_failed", "the provider did not return a user")
+    return login_name
 
 
 def _spool(tmp_dir: Path, data: bytes) -> Path:

@@ -79,6 +79,24 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_export_site(args: argparse.Namespace, settings: Settings) -> int:
+    """The static leaderboard: plain files for a CDN, rendered from the database (docs/leaderboard-export.md)."""
+    from ale_verify import export
+
+    docs = Path(args.docs) if args.docs else export.default_docs_dir()
+    try:
+        report = export.export_site(
+            settings.database, Path(args.dir), docs_dir=docs, page_size=args.page_size, top_n=args.top_n
+        )
+    except export.ExportError as exc:
+        print(f"ale-verify: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"event": "exported", "dir": str(report.directory), "files": report.files,
+                      "pages": report.pages, "bytes": report.bytes, "submissions": report.submissions,
+                      "ranked": report.ranked, "docs": str(docs) if docs else None}))  # fmt: skip
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ale-verify",
@@ -104,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     token.set_defaults(func=cmd_create_token)
     migrate = sub.add_parser("migrate", help="create or upgrade the database")
     migrate.set_defaults(func=cmd_migrate)
+    site = sub.add_parser("export-site", help="render the static leaderboard into DIR (plain files for a CDN)")
+    site.add_argument("dir", help="the site's folder (replaced; only if empty or a previous export)")
+    site.add_argument("--docs", help="markdown docs to render under docs/ (default: the checkout's docs/)")
+    site.add_argument("--page-size", type=int, default=100, help="rows per board page (default 100)")
+    site.add_argument("--top-n", type=int, default=10, help="agents in the Top-N chart (default 10)")
+    site.set_defaults(func=cmd_export_site)
     return parser
 
 

@@ -253,8 +253,8 @@ def document(server_url: str) -> dict[str, Any]:
                                     "required": ["public_key", "kind", "label"],
                                     "additionalProperties": False,
                                     "properties": {
-                                        "public_key": {"type": "string"},
-                                        "label": {"type": "string"},
+                                        "public_key": {"type": "string", "minLength": 1, "maxLength": 2000},
+                                        "label": {"type": "string", "minLength": 1, "maxLength": 2000},
                                         "kind": {
                                             "enum": [
                                                 "benchmark_team",

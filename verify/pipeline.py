@@ -23,6 +23,7 @@ API returns. Anything else raised here is our bug (HTTP 500), never the uploader
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import secrets
 import shutil
@@ -103,15 +104,24 @@ def step_allowlist(files: dict[str, bytes]) -> None:
 
 
 def step_schemas(files: dict[str, bytes]) -> Documents:
+    try:  # levels are looked for first, so a claim is named for what it is, not as a schema error
+        m = json.loads(files["manifest.json"])
+    except (ValueError, UnicodeDecodeError):
+        m = None
+    if isinstance(m, dict):
+        _refuse_levels(m)
     docs = parse_documents(files, validate_document)
-    m = docs.manifest
+    _refuse_levels(docs.manifest)
+    return docs
+
+
+def _refuse_levels(m: dict[str, Any]) -> None:
     for where, doc in (("manifest.json", m), ("manifest.json run", m.get("run")),
                        ("manifest.json agent.declared", (m.get("agent") or {}).get("declared"))):  # fmt: skip
         if isinstance(doc, dict):
             field = next((k for k in doc if k in ELEVATION_FIELDS - {"status"}), None)
             if field is not None:
                 raise VerificationError("self_elevation", f"{where} carries {field!r}: levels are the verifier's")
-    return docs
 
 
 def step_challenge(

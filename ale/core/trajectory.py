@@ -126,6 +126,9 @@ class ChainSummary:
     kinds: dict[str, int]
     first_wall_time: str
     last_wall_time: str
+    run_id: str | None = None  # from the first event
+    #: ``trusted_evaluator`` ``eval_result`` events by session id: what the evaluator reported.
+    eval_results: dict[str, dict[str, Any]] = attrs.Factory(dict)
 
 
 def iter_events(stream: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -183,6 +186,8 @@ def verify_chain(stream: bytes, *, expected_nonce: str | None = None, check_nonc
     kinds: dict[str, int] = {}
     nonce: str | None = None
     first = last = ""
+    run_id: Any = None
+    eval_results: dict[str, dict[str, Any]] = {}
     last_monotonic: dict[str, float] = {}
     for number, event in iter_events(stream):
         _check_fields(number, event)
@@ -207,6 +212,11 @@ def verify_chain(stream: bytes, *, expected_nonce: str | None = None, check_nonc
             if nonce is not None and not isinstance(nonce, str):
                 raise ChainError("bad_first_event", number, "nonce must be a string or null")
             first = event["wall_time"]
+            run_id = event["data"].get("run_id")
+        if producer == "trusted_evaluator" and event["kind"] == "eval_result":
+            session = event["data"].get("session_id")
+            if isinstance(session, str):
+                eval_results[session] = event["data"]
         last_monotonic[producer] = event["monotonic"]
         head = event["hash"]
         seq += 1
@@ -217,4 +227,6 @@ def verify_chain(stream: bytes, *, expected_nonce: str | None = None, check_nonc
         raise ChainError("empty", 0, "the trajectory has no events")
     if check_nonce and nonce != expected_nonce:
         raise ChainError("nonce_mismatch", 1, "the first event does not bind the challenge nonce")
-    return ChainSummary(head, seq, nonce, per_producer, kinds, first, last)
+    return ChainSummary(
+        head, seq, nonce, per_producer, kinds, first, last, run_id if isinstance(run_id, str) else None, eval_results
+    )

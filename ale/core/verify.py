@@ -173,7 +173,27 @@ def check_integrity(files: Mapping[str, bytes], docs: Documents, chain: ChainSum
     trajectory = docs.manifest.get("trajectory") or {}
     if trajectory.get("chain_head") != chain.head or trajectory.get("events") != chain.events:
         raise VerificationError("integrity_mismatch", "the manifest's trajectory summary differs from the trajectory")
+    check_results_in_trajectory(docs, chain)
     return root
+
+
+def check_results_in_trajectory(docs: Documents, chain: ChainSummary) -> None:
+    """The results belong to the recorded run: the run id of the trajectory's first event, and for
+    every completed task the evaluator's own ``eval_result`` event with the same numbers."""
+    if chain.run_id is None or chain.run_id != docs.manifest.get("run_id") or chain.run_id != docs.results.run_id:
+        raise VerificationError("inconsistent_results", "the results do not belong to the run the trajectory records")
+    for t in docs.results.tasks:
+        r = t.result
+        if t.status != "completed" or r is None:
+            continue
+        seen = chain.eval_results.get(r.session_id)
+        if seen is None:
+            raise VerificationError("inconsistent_results", f"{t.task}: the trajectory has no evaluator result for it")
+        recorded = (seen.get("complete"), seen.get("headline_value"), seen.get("passed_episodes"))
+        if recorded != (r.complete, r.headline_value, r.passed_episodes):
+            raise VerificationError(
+                "inconsistent_results", f"{t.task}: the result differs from what the evaluator logged"
+            )
 
 
 def check_versions(
@@ -190,7 +210,10 @@ def check_versions(
     if found is None:
         raise VerificationError("unknown_release", f"unknown release manifest {release_info.get('manifest_sha256')!r}")
     release, _ = found
+    if release_info.get("required_task_set_hash") != release.required_task_set_hash:
+        raise VerificationError("unknown_release", "the manifest's required task set hash is not the release's")
     results = docs.results
+    by_ref = {t.task: t for t in results.tasks}
     if results.run_id != docs.manifest.get("run_id"):
         raise VerificationError("inconsistent_results", "task_results.json belongs to another run")
     official_counts = bool((docs.manifest.get("run") or {}).get("official_episode_counts"))
@@ -210,6 +233,9 @@ def check_versions(
             raise VerificationError("task_mismatch", f"{ref}: the manifest misstates its genre, mode or episodes")
         if ref not in release.tasks:
             raise VerificationError("unknown_task_version", f"{ref} is not part of release {release.release}")
+        result = by_ref[ref].result if ref in by_ref else None
+        if result is not None and task.get("episodes_run") != result.num_episodes:
+            raise VerificationError("inconsistent_results", f"{ref}: the manifest's episode count is not the result's")
     if sorted(listed) != sorted(t.task for t in results.tasks):
         raise VerificationError("inconsistent_results", "the manifest and task_results.json list different tasks")
     for t in results.tasks:

@@ -1,0 +1,890 @@
+"""``ale-verify export-site DIR``: the static leaderboard, rendered with Jinja into plain files for a CDN.
+
+The export reads the verifier's database (:func:`ale_verify.db.all_submissions`), the installed
+tasks and release manifest, and the project's docs, and writes:
+
+* ``index.html`` / ``reproduction.html`` / ``open.html``: the board's three tabs (Overall,
+  Reproduction, Open-ended), each with a Top-N chart (inline SVG: by score, by pass rate, both),
+  paginated (``overall.p2.html``, ...) when there are more rows than ``page_size``;
+* ``submissions/<id>.html``: one page per accepted submission (per-task breakdown, verification
+  history, runtime attestation, how to re-verify it);
+* ``tasks/index.html`` and ``tasks/<id>.html``: the tasks, their method summaries and rankings;
+* ``docs/<name>.html``: the project's docs (markdown, raw HTML disabled) and ``schemas/``;
+* ``leaderboard.csv`` and ``leaderboard.json`` (``docs/leaderboard-export.md``);
+* ``assets/style.<sha256[:12]>.css`` and ``assets/icon.<sha256[:12]>.svg`` (content-hashed: cache
+  them forever), and ``site-manifest.json`` (every file's SHA-256 and size).
+
+No JavaScript, relative links only (the site works from any sub-path and from ``file://``),
+autoescaped templates, and deterministic output: the same database, code and docs give the same
+bytes (nothing depends on the time of the export; everything is sorted). Rejected submissions never
+appear; revoked ones appear, marked and unranked. The export is built in a sibling folder and
+swapped into place, so a reader never sees a half-written site.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import posixpath
+import re
+import secrets
+import shutil
+import tempfile
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import attrs
+import jinja2
+from ale_verify import __version__, db
+from markdown_it import MarkdownIt
+from markdown_it.token import Token
+from markupsafe import Markup
+
+from ale import catalog
+
+#: The board's tabs: (category, label, first page, stem of later pages).
+CATEGORIES: tuple[tuple[str, str, str, str], ...] = (
+    ("overall", "Overall", "index.html", "overall"),
+    ("reproduction", "Reproduction", "reproduction.html", "reproduction"),
+    ("open", "Open-ended", "open.html", "open"),
+)
+LEVEL_INFO: dict[str, tuple[str, str]] = {
+    "officially_verified": ("Officially verified", "re-run or signed by a registered runner key"),
+    "audited": ("Audited", "reviewed by an operator"),
+    "validated": ("Validated", "every check passed with a one-time challenge; scores recomputed"),
+    "self_reported": ("Self-reported", "every check passed, but freshness or official episode counts not proven"),
+    "revoked": ("Revoked", "revoked by an operator; kept for the record, never ranked"),
+}
+DOC_ORDER = ("agent-contract", "protocol", "policy-format", "tasks", "formats", "verifier", "leaderboard-export")
+MANIFEST = "site-manifest.json"
+MANIFEST_SCHEMA = "ale-site-manifest/v1"
+EXPORT_SCHEMA = "ale-leaderboard/v1"
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+#: Every member of ``pipeline.audit_summary`` a page reads (an older or sparse row gets None).
+SUMMARY_KEYS = (
+    "run_id", "agent", "release", "release_sha256", "tasks", "task_info", "macro_mean", "categories", "pass_rate",
+    "covered", "missing", "coverage_complete", "official_episode_counts", "started", "finished", "usage",
+    "network_proxy", "runtime", "challenge_id", "runner", "ciphertext_sha256", "merkle_root", "trajectory_events",
+)  # fmt: skip
+TASK_KEYS = (
+    "task", "genre", "metric", "direction", "measured", "paper_value", "gap", "penalties", "score", "faithful",
+    "final", "episodes", "passed", "pass_rate", "status", "reason",
+)  # fmt: skip
+
+#: The CSV's columns in order (documented in docs/leaderboard-export.md; a test compares the two).
+CSV_COLUMNS = (
+    "submission_id", "url", "agent", "model", "effort", "level", "revoked",
+    "rank_overall", "score_overall", "rank_reproduction", "score_reproduction", "rank_open", "score_open",
+    "macro_mean", "pass_rate", "pass_rate_reproduction", "pass_rate_open",
+    "covered", "required", "coverage_complete", "missing",
+    "runtime_s", "input_tokens", "output_tokens", "tokens_source",
+    "received_at", "started", "finished", "release", "official_episode_counts", "runner_kind",
+    "run_id", "ciphertext_sha256", "merkle_root",
+)  # fmt: skip
+
+
+class ExportError(Exception):
+    """The export cannot be written (an unusable target folder, a database row it cannot name)."""
+
+
+@attrs.frozen
+class ExportReport:
+    directory: Path
+    files: int
+    pages: int
+    bytes: int
+    submissions: int  # accepted submissions with a page (revoked included)
+    ranked: int  # rows ranked on the Overall tab
+
+
+# -- where the templates and docs are ----------------------------------------------------------
+
+
+def site_dir() -> Path:
+    """The templates and assets: the installed ``ale_site`` package (``static-site/`` in the
+    repository), or ``static-site/`` next to this package in a source checkout."""
+    try:
+        return Path(str(resources.files("ale_site")))
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "static-site"
+
+
+def default_docs_dir() -> Path | None:
+    """The repository's ``docs/`` in a source checkout (an installed wheel has none)."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    return docs if any(docs.glob("*.md")) else None
+
+
+# -- formatting (Jinja filters) ----------------------------------------------------------------
+
+
+def fmt_score(value: float | None) -> str:
+    """Scores are dimensionless ratios: three decimals, never a percentage."""
+    return "—" if value is None else f"{value:.3f}"
+
+
+def fmt_rate(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.1f}%"
+
+
+def fmt_value(value: float | None) -> str:
+    """A measured value or target: 4 significant digits, no exponent for everyday magnitudes."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    if not -4 <= magnitude < 9:
+        return f"{value:.3e}"
+    text = f"{value:,.{max(0, 3 - magnitude)}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "—"
+    s = round(seconds)
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    if h:
+        return f"{h} h {m:02d} min"
+    if m:
+        return f"{m} min {sec:02d} s" if sec else f"{m} min"
+    return f"{sec} s"
+
+
+def fmt_tokens(value: int | None) -> str:
+    if value is None:
+        return "—"
+    for unit, size in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
+        if value >= size:
+            return f"{value / size:.1f}{unit}"
+    return str(value)
+
+
+def fmt_int(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}".replace(",", "\u202f")  # narrow no-break space
+
+
+def fmt_date(epoch: float | None) -> str:
+    return "—" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d")
+
+
+def fmt_datetime(epoch: float | None) -> str:
+    return "—" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(text: Any) -> float | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+# -- the data model ---------------------------------------------------------------------------
+
+
+def _genre_of(ref: str, summary: dict[str, Any], specs: dict[str, Any]) -> str | None:
+    info = (summary.get("task_info") or {}).get(ref) or {}
+    if info.get("genre"):
+        return str(info["genre"])
+    for t in summary.get("tasks") or []:
+        if t.get("task") == ref and t.get("genre"):
+            return str(t["genre"])
+    spec = specs.get(ref)
+    return spec.genre if spec is not None else None
+
+
+@attrs.define
+class Entry:
+    """One accepted submission, as every page and export sees it."""
+
+    id: str
+    row: dict[str, Any]
+    summary: dict[str, Any]
+    level: str
+    received_at: float
+    agent: str
+    model: str | None
+    effort: str | None
+    runtime_s: float | None
+    tokens: tuple[int, int] | None  # (input, output) from the network proxy; None without one
+    scores: dict[str, float | None]
+    pass_rates: dict[str, float | None]
+    coverage: dict[str, tuple[int, int]]  # category -> (covered, required)
+    finals: dict[str, float]  # task ref -> final score (completed, covered or not)
+    ranks: dict[str, int] = attrs.Factory(dict)
+
+    @property
+    def revoked(self) -> bool:
+        return self.level == "revoked"
+
+    @property
+    def href(self) -> str:
+        return f"submissions/{self.id}.html"
+
+
+def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
+    if not _SAFE_ID.match(str(row["id"])):
+        raise ExportError(f"submission id {row['id']!r} cannot name a file")
+    s = {key: None for key in SUMMARY_KEYS} | row["summary"]
+    s["tasks"] = [{key: None for key in TASK_KEYS} | t for t in s["tasks"] or [] if isinstance(t, dict)]
+    agent = s.get("agent") or {}
+    declared = agent.get("declared") or {}
+    covered = list(s.get("covered") or [])
+    required = covered + list(s.get("missing") or [])
+    completed = {t["task"]: t for t in s["tasks"] if t["status"] == "completed" and t["final"] is not None}
+    scores: dict[str, float | None] = {}
+    pass_rates: dict[str, float | None] = {}
+    coverage: dict[str, tuple[int, int]] = {}
+    categories = s.get("categories") or {}
+    for category, *_ in CATEGORIES:
+
+        def wanted(ref: str, category: str = category) -> bool:
+            return category == "overall" or _genre_of(ref, s, specs) == category
+
+        scores[category] = categories.get(category)
+        in_cat = [completed[r] for r in covered if r in completed and wanted(r)]
+        episodes = sum(int(t.get("episodes") or 0) for t in in_cat)
+        pass_rates[category] = sum(int(t.get("passed") or 0) for t in in_cat) / episodes if episodes else None
+        coverage[category] = (sum(1 for r in covered if wanted(r)), sum(1 for r in required if wanted(r)))
+    if s.get("pass_rate") is not None:
+        pass_rates["overall"] = s["pass_rate"]  # the verifier's own figure
+    started, finished = _parse_time(s.get("started")), _parse_time(s.get("finished"))
+    usage = s.get("usage") or {}
+    tokens = None
+    if s.get("network_proxy") is not None:
+        tokens = (int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
+    return Entry(
+        id=row["id"],
+        row=row,
+        summary=s,
+        level=row["level"] or "self_reported",
+        received_at=float(row["received_at"]),
+        agent=str(agent.get("name") or "(unnamed agent)"),
+        model=None if declared.get("model") is None else str(declared["model"]),
+        effort=None if declared.get("effort") is None else str(declared["effort"]),
+        runtime_s=finished - started if started is not None and finished is not None else None,
+        tokens=tokens,
+        scores=scores,
+        pass_rates=pass_rates,
+        coverage=coverage,
+        finals={ref: float(t["final"]) for ref, t in completed.items()},
+    )
+
+
+def rank(entries: Iterable[Entry], score: Callable[[Entry], float | None]) -> tuple[list[Entry], list[Entry]]:
+    """Ranked rows (score descending, then the earlier upload, then the id) and revoked ones
+    (unranked, by upload time), as ``GET /api/v1/leaderboard`` orders them."""
+    scored = [e for e in entries if score(e) is not None]
+    ranked = sorted((e for e in scored if not e.revoked), key=lambda e: (-(score(e) or 0.0), e.received_at, e.id))
+    revoked = sorted((e for e in scored if e.revoked), key=lambda e: (e.received_at, e.id))
+    return ranked, revoked
+
+
+# -- markdown ---------------------------------------------------------------------------------
+
+_COMMENT_LINE = re.compile(r"^\s*<!--.*-->\s*$")
+
+
+def slugify(text: str) -> str:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+    text = unicodedata.normalize("NFKC", text).strip().lower()
+    text = "".join(ch for ch in text if ch.isalnum() or ch in " -_")
+    return text.replace(" ", "-") or "section"
+
+
+@attrs.define
+class Markdown:
+    """Markdown to safe HTML: raw HTML disabled, heading anchors, links resolved against the site."""
+
+    resolve: Callable[[str, str], str | None]  # (source folder, href path) -> site path, or None
+    md: MarkdownIt = attrs.field(
+        factory=lambda: MarkdownIt("commonmark", {"html": False, "typographer": False}).enable(
+            ["table", "strikethrough"]
+        )
+    )
+
+    def render(
+        self, text: str, *, source_dir: str, page_dir: str, id_prefix: str = "", shift: int = 0
+    ) -> tuple[Markup, list[dict[str, Any]]]:
+        """HTML and the headings (level, text, id) of a markdown document; ``shift`` demotes its
+        headings (a document embedded under a page's own ``h1`` and ``h2``)."""
+        text = "\n".join(line for line in text.splitlines() if not _COMMENT_LINE.match(line))
+        tokens = self.md.parse(text)
+        headings: list[dict[str, Any]] = []
+        seen: dict[str, int] = {}
+        for i, tok in enumerate(tokens):
+            if tok.type in ("heading_open", "heading_close") and shift:
+                tok.tag = f"h{min(6, int(tok.tag[1]) + shift)}"
+            if tok.type == "heading_open":
+                inline = tokens[i + 1]
+                label = "".join(c.content for c in inline.children or [] if c.type in ("text", "code_inline"))
+                slug = id_prefix + slugify(label)
+                n = seen.get(slug, 0)
+                seen[slug] = n + 1
+                anchor = slug if n == 0 else f"{slug}-{n}"
+                tok.attrSet("id", anchor)
+                headings.append({"level": int(tok.tag[1]), "text": label, "id": anchor})
+            if tok.type == "th_open":
+                tok.attrSet("scope", "col")
+            if tok.type == "table_open":
+                tok.attrSet("class", "md-table")  # a markdown table: header cells, no caption
+            if tok.type == "inline" and tok.children:
+                self._links(tok.children, source_dir, page_dir, id_prefix)
+        return Markup(self.md.renderer.render(tokens, self.md.options, {})), headings
+
+    def _links(self, children: list[Token], source_dir: str, page_dir: str, id_prefix: str) -> None:
+        stack: list[Token] = []
+        for child in children:
+            if child.type == "image":  # no remote or unresolved images: their text stays
+                alt = "".join(c.content for c in child.children or []) or str(child.attrGet("alt") or "")
+                child.type, child.tag, child.attrs, child.content, child.children = "text", "", {}, alt, None
+            elif child.type == "link_open":
+                href = str(child.attrGet("href") or "")
+                target = self._target(href, source_dir, page_dir, id_prefix)
+                if target is None:
+                    child.tag, child.attrs = "span", {"class": "unlinked"}
+                else:
+                    child.attrs = {"href": target}
+                    if target.startswith(("https://", "http://")):
+                        child.attrs.update({"class": "external", "rel": "noopener noreferrer"})
+                stack.append(child)
+            elif child.type == "link_close" and stack:
+                child.tag = stack.pop().tag
+
+    def _target(self, href: str, source_dir: str, page_dir: str, id_prefix: str) -> str | None:
+        if href.startswith("#"):
+            return "#" + id_prefix + href[1:]
+        if re.match(r"^https?://", href):
+            return href
+        if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", href) or href.startswith("/"):
+            return None
+        path, _, fragment = href.partition("#")
+        site_path = self.resolve(source_dir, posixpath.normpath(posixpath.join(source_dir, path)) if path else "")
+        if site_path is None:
+            return None
+        rel = posixpath.relpath(site_path, page_dir or ".")
+        return rel + (f"#{fragment}" if fragment else "")
+
+
+def _first_section(paper: str) -> str:
+    """The paper's first section (its problem statement) without the title: the method summary."""
+    lines = paper.splitlines()
+    out: list[str] = []
+    started = False
+    for line in lines:
+        if line.startswith("# ") and not started:
+            continue
+        if line.startswith("## "):
+            if started and any(x.strip() for x in out):
+                break
+            started = True
+            continue
+        if line.strip() or out:
+            started = True
+            out.append(line)
+    return "\n".join(out).strip()
+
+
+# -- the Top-N chart --------------------------------------------------------------------------
+
+
+def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: float) -> dict[str, Any]:
+    """Geometry of one horizontal bar chart (rendered by the ``chart`` macro): the top ``n`` ranked
+    rows by score (``by="score"``), by pass rate (``"pass"``), or by score with both bars (``"both"``,
+    on one axis: a pass rate is a fraction, 1.0 = every episode passed)."""
+    if by == "pass":
+        rows = sorted(rows, key=lambda e: (-(e.pass_rates[category] or 0.0), e.ranks[category]))
+    rows = list(rows[:n])
+    series = {"score": ["score"], "pass": ["pass"], "both": ["score", "pass"]}[by]
+    bar_h = 20 if len(series) == 1 else 13
+    pitch = 42
+    label_w, plot_w, top, right = 230, 440, 34, 64
+    scale_max = 1.0 if by == "pass" else cap
+    ticks = [i / 4 for i in range(5)] if by == "pass" else [round(cap * i / 6, 10) for i in range(7)]
+    bars = []
+    for i, e in enumerate(rows):
+        y0 = top + i * pitch + (pitch - bar_h * len(series) - 2 * (len(series) - 1)) / 2
+        group = []
+        for j, which in enumerate(series):
+            value = e.scores[category] if which == "score" else e.pass_rates[category]
+            width = plot_w * max(0.0, min(scale_max, value or 0.0)) / scale_max
+            group.append(
+                {
+                    "kind": which,
+                    "y": round(y0 + j * (bar_h + 2), 2),
+                    "w": round(width, 2),
+                    "h": bar_h,
+                    "label": fmt_score(value) if which == "score" else fmt_rate(value),
+                    "tx": round(label_w + width + 6, 2),
+                }
+            )
+        sub = " · ".join(x for x in (e.model, e.effort) if x) or "model not declared"
+        bars.append(
+            {
+                "entry": e,
+                "rank": i + 1,  # the position in this chart (by pass rate, it is not the board rank)
+                "board_rank": e.ranks[category],
+                "name": _clip(e.agent, 27),
+                "sub": _clip(sub, 34),
+                "ty": round(top + i * pitch + pitch / 2, 2),
+                "bars": group,
+            }
+        )
+    axis_y = top + pitch * len(rows) + 2
+    return {
+        "id": f"top-{by}",
+        "by": by,
+        "cap": fmt_value(cap),
+        "width": label_w + plot_w + right,
+        "height": axis_y + 24,
+        "label_w": label_w,
+        "plot_w": plot_w,
+        "top": top,
+        "axis_y": axis_y,
+        "ticks": [
+            {
+                "x": round(label_w + plot_w * t / scale_max, 2),
+                "label": f"{t * 100:.0f}%" if by == "pass" else fmt_value(t),
+            }
+            for t in ticks
+        ],
+        "paper_x": None if by == "pass" else round(label_w + plot_w / scale_max, 2),
+        "rows": bars,
+    }
+
+
+def _clip(text: str, size: int) -> str:
+    return text if len(text) <= size else text[: size - 1] + "…"
+
+
+# -- pages ------------------------------------------------------------------------------------
+
+
+def _pages(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)] or [items[:0]]
+
+
+def _page_name(first: str, stem: str, number: int) -> str:
+    if number == 1:
+        return first
+    folder, _, _ = first.rpartition("/")
+    return f"{folder + '/' if folder else ''}{stem}.p{number}.html"
+
+
+def _pager(first: str, stem: str, number: int, count: int) -> dict[str, Any] | None:
+    if count <= 1:
+        return None
+    base = first.rpartition("/")[2]
+
+    def href(k: int) -> str:
+        return _page_name(base, stem, k)
+
+    window = sorted({1, count, *range(max(1, number - 2), min(count, number + 2) + 1)})
+    links: list[dict[str, Any] | None] = []
+    for k in window:
+        if links and links[-1] is not None and k - links[-1]["number"] > 1:
+            links.append(None)  # a gap
+        links.append({"number": k, "href": href(k), "current": k == number})
+    return {
+        "number": number,
+        "count": count,
+        "prev": href(number - 1) if number > 1 else None,
+        "next": href(number + 1) if number < count else None,
+        "links": links,
+    }
+
+
+class Site:
+    """Renders the pages into a folder and keeps the file list for the manifest."""
+
+    def __init__(self, out: Path, *, docs_dir: Path | None, page_size: int, top_n: int) -> None:
+        if page_size < 1 or top_n < 1:
+            raise ExportError("page_size and top_n must be positive")
+        self.out = out
+        self.page_size = page_size
+        self.top_n = top_n
+        self.docs_dir = docs_dir
+        self.files: dict[str, tuple[str, int]] = {}
+        self.pages = 0
+        root = site_dir()
+        if not (root / "templates").is_dir():
+            raise ExportError(f"the site templates are missing: {root / 'templates'}")
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(root / "templates")),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+        )
+        self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES)
+        self.env.filters.update(
+            score=fmt_score, rate=fmt_rate, value=fmt_value, duration=fmt_duration, tokens=fmt_tokens,
+            int=fmt_int, date=fmt_date, datetime=fmt_datetime,
+        )  # fmt: skip
+        self.assets = {
+            "css": self._asset(root / "assets" / "style.css", "style"),
+            "icon": self._asset(root / "assets" / "icon.svg", "icon"),
+        }
+        self.release, _ = catalog.release()
+        self.tasks = catalog.tasks()
+        self.specs = {t.spec.ref: t.spec for t in self.tasks.values()}
+        self.schemas = sorted(
+            p.name for p in (resources.files("ale") / "schemas").iterdir() if p.name.endswith(".schema.json")
+        )
+        self.docs: dict[str, Path] = {}
+        if docs_dir is not None:
+            for path in sorted(docs_dir.glob("*.md")):
+                if re.fullmatch(r"[a-z0-9][a-z0-9_-]*", path.stem) and path.stem != "index":
+                    self.docs[path.stem] = path
+        self.markdown = Markdown(self._resolve)
+
+    # files
+
+    def write(self, rel: str, data: bytes) -> None:
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise ExportError(f"refusing to write outside the site: {rel}")
+        path = self.out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        self.files[rel] = (hashlib.sha256(data).hexdigest(), len(data))
+
+    def _asset(self, source: Path, stem: str) -> str:
+        data = source.read_bytes()
+        name = f"assets/{stem}.{hashlib.sha256(data).hexdigest()[:12]}{source.suffix}"
+        self.write(name, data)
+        return name
+
+    def page(self, rel: str, template: str, **context: Any) -> None:
+        depth = rel.count("/")
+        html = self.env.get_template(template).render(
+            root="../" * depth,
+            page=rel.rpartition("/")[2],
+            assets=self.assets,
+            site=self.context,
+            **context,
+        )
+        self.write(rel, html.encode("utf-8"))
+        self.pages += 1
+
+    def _resolve(self, source_dir: str, path: str) -> str | None:
+        """Where a link of a markdown document (repository path) lives in the site."""
+        if path.startswith("docs/") and path.endswith(".md") and path[5:-3] in self.docs:
+            return f"docs/{path[5:-3]}.html"
+        if path == "README.md":
+            return "docs/index.html"
+        if path.rstrip("/") == "ale/schemas":
+            return "schemas/index.html"
+        if path.startswith("ale/schemas/") and path[12:] in self.schemas:
+            return f"schemas/{path[12:]}"
+        return None
+
+    # the whole site
+
+    def build(self, rows: list[dict[str, Any]]) -> ExportReport:
+        entries = [build_entry(r, self.specs) for r in rows if r["status"] == "accepted"]
+        entries.sort(key=lambda e: (e.received_at, e.id))
+        boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
+        for category, *_ in CATEGORIES:
+            ranked, revoked = rank(entries, lambda e, c=category: e.scores[c])
+            for position, e in enumerate(ranked, start=1):
+                e.ranks[category] = position
+            boards[category] = (ranked, revoked)
+        task_boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
+        for task in self.tasks.values():
+            ref = task.spec.ref
+            task_boards[ref] = rank(entries, lambda e, r=ref: e.finals.get(r))
+        self.context = {
+            "version": __version__,
+            "release": self.release.release,
+            "submissions": len(entries),
+            "latest": max((e.received_at for e in entries), default=None),
+            "docs": bool(self.docs),
+            "export_doc": "leaderboard-export" in self.docs,
+            "cap": fmt_value(self.release.cap),
+        }
+        unscored = [e for e in entries if e.scores["overall"] is None]
+        for category, label, first, stem in CATEGORIES:
+            self._board(
+                category, label, first, stem, *boards[category], unscored=unscored if category == "overall" else []
+            )
+        for e in entries:
+            self._submission(e, boards)
+        self._tasks(task_boards)
+        self._docs()
+        self._exports(entries, boards)
+        self._manifest()
+        return ExportReport(
+            directory=self.out,
+            files=len(self.files),
+            pages=self.pages,
+            bytes=sum(size for _, size in self.files.values()),
+            submissions=len(entries),
+            ranked=len(boards["overall"][0]),
+        )
+
+    def _board(
+        self, category: str, label: str, first: str, stem: str, ranked: list[Entry], revoked: list[Entry],
+        *, unscored: list[Entry],
+    ) -> None:  # fmt: skip
+        rows = ranked + revoked
+        pages = _pages(rows, self.page_size)
+        charts = (
+            [top_chart(ranked, category, by, n=self.top_n, cap=self.release.cap) for by in ("score", "pass", "both")]
+            if ranked
+            else []
+        )
+        for number, chunk in enumerate(pages, start=1):
+            self.page(
+                _page_name(first, stem, number),
+                "board.html",
+                title=f"{label} leaderboard" + (f" (page {number})" if number > 1 else ""),
+                section="board",
+                category=category,
+                label=label,
+                rows=chunk,
+                ranked_count=len(ranked),
+                revoked_count=len(revoked),
+                charts=charts if number == 1 else [],
+                unscored=unscored if number == len(pages) else [],
+                paging=_pager(first, stem, number, len(pages)),
+                first_rank=(number - 1) * self.page_size + 1,
+            )
+
+    def _submission(self, e: Entry, boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
+        s = e.summary
+        history = sorted(e.row.get("history") or [], key=lambda h: h["seq"])
+        revocation = next((h for h in reversed(history) if h.get("to_level") == "revoked"), None)
+        tasks = []
+        for t in s.get("tasks") or []:
+            ref = str(t.get("task"))
+            task_id = ref.partition("@")[0]
+            known = task_id in self.tasks and self.tasks[task_id].spec.ref == ref
+            tasks.append({**t, "href": f"../tasks/{task_id}.html" if known else None,
+                          "title": self.tasks[task_id].spec.title if known else None})  # fmt: skip
+        self.page(
+            e.href,
+            "submission.html",
+            title=f"{e.agent}: submission {e.id}",
+            section="board",
+            e=e,
+            s=s,
+            tasks=tasks,
+            history=history,
+            revocation=revocation,
+            notes=e.row.get("reasons") or [],
+            totals={c: len(boards[c][0]) for c, *_ in CATEGORIES},
+            declared=sorted(
+                ((s.get("agent") or {}).get("declared") or {}).items(),
+                key=lambda kv: (kv[0] not in ("model", "effort"), kv[0] != "model", kv[0]),
+            ),
+        )
+
+    def _tasks(self, task_boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
+        summaries = []
+        for task_id, task in sorted(self.tasks.items()):
+            spec = task.spec
+            target = self.release.tasks.get(spec.ref)
+            ranked, revoked = task_boards[spec.ref]
+            summary_html, _ = self.markdown.render(
+                _first_section(task.paper), source_dir=f"ale/tasks/{task_id}", page_dir="tasks", id_prefix="summary-"
+            )
+            paper_html, _ = self.markdown.render(
+                task.paper, source_dir=f"ale/tasks/{task_id}", page_dir="tasks", id_prefix="paper-", shift=2
+            )
+            info = {
+                "spec": spec,
+                "target": target,
+                "required": spec.ref in self.release.required_tasks,
+                "href": f"{task_id}.html",
+                "count": len(ranked),
+                "best": ranked[0] if ranked else None,
+            }
+            summaries.append(info)
+            rows = ranked + revoked
+            pages = _pages(rows, self.page_size)
+            for number, chunk in enumerate(pages, start=1):
+                self.page(
+                    _page_name(f"tasks/{task_id}.html", task_id, number),
+                    "task.html",
+                    title=spec.title + (f" (page {number})" if number > 1 else ""),
+                    section="tasks",
+                    task=info,
+                    summary_html=summary_html,
+                    paper_html=paper_html,
+                    rows=chunk,
+                    ranked_count=len(ranked),
+                    paging=_pager(f"tasks/{task_id}.html", task_id, number, len(pages)),
+                    first_rank=(number - 1) * self.page_size + 1,
+                    cap=self.release.cap,
+                )
+        self.page("tasks/index.html", "tasks.html", title="Tasks", section="tasks", tasks=summaries)
+
+    def _docs(self) -> None:
+        listing = []
+        for name in sorted(self.docs, key=lambda n: (DOC_ORDER.index(n) if n in DOC_ORDER else len(DOC_ORDER), n)):
+            text = self.docs[name].read_text(encoding="utf-8")
+            html, headings = self.markdown.render(text, source_dir="docs", page_dir="docs")
+            title = next((h["text"] for h in headings if h["level"] == 1), name)
+            listing.append({"name": name, "title": title, "href": f"{name}.html"})
+            self.page(
+                f"docs/{name}.html",
+                "doc.html",
+                title=title,
+                section="docs",
+                body=html,
+                toc=[h for h in headings if h["level"] == 2],
+                source=f"docs/{name}.md",
+            )
+        self.page("docs/index.html", "docs.html", title="Documentation", section="docs", docs=listing,
+                  schemas=bool(self.schemas))  # fmt: skip
+        folder = resources.files("ale") / "schemas"
+        for name in self.schemas:
+            self.write(f"schemas/{name}", (folder / name).read_bytes())
+        self.page("schemas/index.html", "schemas.html", title="JSON Schemas", section="docs", schemas=self.schemas)
+
+    # exports
+
+    def _export_rows(
+        self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]
+    ) -> list[dict[str, Any]]:
+        def order(e: Entry) -> tuple[Any, ...]:
+            r = e.ranks.get("overall")
+            return (e.revoked, r is None, r or 0, e.received_at, e.id)
+
+        out = []
+        for e in sorted(entries, key=order):
+            s = e.summary
+            covered, required = e.coverage["overall"]
+            out.append(
+                {
+                    "submission_id": e.id,
+                    "url": e.href,
+                    "agent": e.agent,
+                    "model": e.model,
+                    "effort": e.effort,
+                    "level": e.level,
+                    "revoked": e.revoked,
+                    "rank_overall": e.ranks.get("overall"),
+                    "score_overall": e.scores["overall"],
+                    "rank_reproduction": e.ranks.get("reproduction"),
+                    "score_reproduction": e.scores["reproduction"],
+                    "rank_open": e.ranks.get("open"),
+                    "score_open": e.scores["open"],
+                    "macro_mean": s.get("macro_mean"),
+                    "pass_rate": e.pass_rates["overall"],
+                    "pass_rate_reproduction": e.pass_rates["reproduction"],
+                    "pass_rate_open": e.pass_rates["open"],
+                    "covered": covered,
+                    "required": required,
+                    "coverage_complete": bool(s.get("coverage_complete")),
+                    "missing": list(s.get("missing") or []),
+                    "runtime_s": None if e.runtime_s is None else round(e.runtime_s, 6),
+                    "input_tokens": e.tokens[0] if e.tokens else None,
+                    "output_tokens": e.tokens[1] if e.tokens else None,
+                    "tokens_source": "network_proxy" if e.tokens else None,
+                    "received_at": _iso(e.received_at),
+                    "started": s.get("started"),
+                    "finished": s.get("finished"),
+                    "release": s.get("release"),
+                    "official_episode_counts": bool(s.get("official_episode_counts")),
+                    "runner_kind": (s.get("runner") or {}).get("kind"),
+                    "run_id": s.get("run_id"),
+                    "ciphertext_sha256": s.get("ciphertext_sha256"),
+                    "merkle_root": s.get("merkle_root"),
+                    "task_finals": dict(sorted(e.finals.items())),
+                }
+            )
+        return out
+
+    def _exports(self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
+        rows = self._export_rows(entries, boards)
+        doc = {
+            "schema": EXPORT_SCHEMA,
+            "release": self.release.release,
+            "cap": self.release.cap,
+            "required_tasks": list(self.release.required_tasks),
+            "submissions": rows,
+        }
+        self.write("leaderboard.json", (json.dumps(doc, sort_keys=True, ensure_ascii=False, allow_nan=False,
+                                                   separators=(",", ":")) + "\n").encode())  # fmt: skip
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\r\n")
+        writer.writerow(CSV_COLUMNS)
+        for r in rows:
+            writer.writerow([_csv_cell(name, r[name]) for name in CSV_COLUMNS])
+        self.write("leaderboard.csv", buf.getvalue().encode("utf-8"))
+
+    def _manifest(self) -> None:
+        files = {name: {"sha256": digest, "bytes": size} for name, (digest, size) in sorted(self.files.items())}
+        doc = {"schema": MANIFEST_SCHEMA, "generator": f"ale-verify {__version__}", "files": files}
+        self.write(MANIFEST, (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode())
+
+
+_TEXT_COLUMNS = frozenset({"agent", "model", "effort"})
+
+
+def _csv_cell(name: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, list):
+        return ";".join(map(str, value))
+    text = str(value)
+    if name in _TEXT_COLUMNS and text[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        text = "'" + text  # a spreadsheet must not run a submitter's text as a formula
+    return text
+
+
+# -- entry point ------------------------------------------------------------------------------
+
+
+def export_site(
+    database: Path,
+    out: Path,
+    *,
+    docs_dir: Path | None = None,
+    page_size: int = 100,
+    top_n: int = 10,
+) -> ExportReport:
+    """Render the site for ``database`` into ``out`` (replacing a previous export there)."""
+    if not database.is_file():
+        raise ExportError(f"no database at {database}")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file())):
+        raise ExportError(f"{out} exists and is not a previous export (no {MANIFEST}); refusing to replace it")
+    rows = db.all_submissions(database)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+    try:
+        stage.chmod(0o755)
+        report = Site(stage, docs_dir=docs_dir, page_size=page_size, top_n=top_n).build(rows)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
+            os.replace(out, old)
+            os.replace(stage, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return attrs.evolve(report, directory=out)
