@@ -131,7 +131,7 @@ class ChainSummary:
     eval_results: dict[str, dict[str, Any]] = attrs.Factory(dict)
 
 
-def iter_events(stream: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+def iter_lines(stream: bytes) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
     """Parse lines strictly: each must be the canonical JSON of its own content."""
     if stream and not stream.endswith(b"\n"):
         raise ChainError("truncated", stream.count(b"\n") + 1, "the last line has no newline: truncated stream")
@@ -150,33 +150,58 @@ def iter_events(stream: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
             raise ChainError("not_canonical", number, str(exc)) from None
         if canonical != raw:
             raise ChainError("not_canonical", number, "the line is not in canonical JSON (RFC 8785) form")
+        yield number, raw, event
+
+
+def iter_events(stream: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
+    for number, _raw, event in iter_lines(stream):
         yield number, event
 
 
+def _fail(reason: str, number: int, message: str) -> None:
+    raise ChainError(reason, number, message)
+
+
 def _check_fields(number: int, event: dict[str, Any]) -> None:
-    if set(event) != FIELDS:
+    if event.keys() != FIELDS:
         missing, extra = sorted(FIELDS - set(event)), sorted(set(event) - FIELDS)
-        raise ChainError("bad_fields", number, f"fields missing {missing} or unexpected {extra}")
-    checks = [
-        (event["schema"] == EVENT_SCHEMA, "bad_schema", f"schema is not {EVENT_SCHEMA}"),
-        (type(event["seq"]) is int, "bad_sequence", "seq is not an integer"),
-        (type(event["producer_sequence"]) is int, "bad_sequence", "producer_sequence is not an integer"),
-        (isinstance(event["producer"], str) and event["producer"] in PRODUCERS, "bad_producer",
-         f"unknown producer {event['producer']!r}"),
-        (isinstance(event["kind"], str) and bool(_KIND.fullmatch(event["kind"])), "bad_kind", "bad kind"),
-        (isinstance(event["wall_time"], str) and bool(_WALL_TIME.fullmatch(event["wall_time"])), "bad_time",
-         "wall_time is not RFC 3339 UTC with microseconds"),
-        (isinstance(event["monotonic"], (int, float)) and not isinstance(event["monotonic"], bool), "bad_time",
-         "monotonic is not a number"),
-        (isinstance(event["data"], dict), "bad_data", "data is not an object"),
-        (isinstance(event["prev_hash"], str) and bool(_HEX64.fullmatch(event["prev_hash"])), "bad_hash",
-         "prev_hash is not 64 lowercase hex digits"),
-        (isinstance(event["hash"], str) and bool(_HEX64.fullmatch(event["hash"])), "bad_hash",
-         "hash is not 64 lowercase hex digits"),
-    ]  # fmt: skip
-    for ok, reason, message in checks:
-        if not ok:
-            raise ChainError(reason, number, message)
+        _fail("bad_fields", number, f"fields missing {missing} or unexpected {extra}")
+    if event["schema"] != EVENT_SCHEMA:
+        _fail("bad_schema", number, f"schema is not {EVENT_SCHEMA}")
+    if type(event["seq"]) is not int or type(event["producer_sequence"]) is not int:
+        _fail("bad_sequence", number, "seq and producer_sequence must be integers")
+    producer = event["producer"]
+    if not isinstance(producer, str) or producer not in PRODUCERS:
+        _fail("bad_producer", number, f"unknown producer {producer!r}")
+    kind = event["kind"]
+    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+        _fail("bad_kind", number, "kind is not a lowercase identifier")
+    wall = event["wall_time"]
+    if not isinstance(wall, str) or not _WALL_TIME.fullmatch(wall):
+        _fail("bad_time", number, "wall_time is not RFC 3339 UTC with microseconds")
+    mono = event["monotonic"]
+    if isinstance(mono, bool) or not isinstance(mono, (int, float)):
+        _fail("bad_time", number, "monotonic is not a number")
+    if not isinstance(event["data"], dict):
+        _fail("bad_data", number, "data is not an object")
+    for key in ("prev_hash", "hash"):
+        value = event[key]
+        if not isinstance(value, str) or not _HEX64.fullmatch(value):
+            _fail("bad_hash", number, f"{key} is not 64 lowercase hex digits")
+
+
+def _body_hash(raw: bytes, digest: str) -> str:
+    """SHA-256 of the canonical event without its hash member, cut from the canonical line itself.
+
+    In canonical key order ``hash`` follows ``data`` and precedes ``kind``, and every member after
+    it has a checked format that cannot contain the text searched for, so the last occurrence is
+    the member itself and removing it leaves exactly the canonical body.
+    """
+    member = b'"hash":"' + digest.encode() + b'",'
+    cut = raw.rfind(member)
+    if cut < 0:  # pragma: no cover - a canonical line always holds its hash member
+        return ""
+    return hashlib.sha256(raw[:cut] + raw[cut + len(member) :]).hexdigest()
 
 
 def verify_chain(stream: bytes, *, expected_nonce: str | None = None, check_nonce: bool = False) -> ChainSummary:
@@ -189,7 +214,7 @@ def verify_chain(stream: bytes, *, expected_nonce: str | None = None, check_nonc
     run_id: Any = None
     eval_results: dict[str, dict[str, Any]] = {}
     last_monotonic: dict[str, float] = {}
-    for number, event in iter_events(stream):
+    for number, raw, event in iter_lines(stream):
         _check_fields(number, event)
         if event["seq"] != seq:
             raise ChainError("bad_sequence", number, f"seq is {event['seq']}, expected {seq}")
@@ -200,8 +225,7 @@ def verify_chain(stream: bytes, *, expected_nonce: str | None = None, check_nonc
             raise ChainError("bad_sequence", number, f"{producer} producer_sequence is {got}, expected {expected}")
         if event["prev_hash"] != head:
             raise ChainError("broken_link", number, "prev_hash does not match the previous event's hash")
-        body = {k: v for k, v in event.items() if k != "hash"}
-        if event_hash(body) != event["hash"]:
+        if _body_hash(raw, event["hash"]) != event["hash"]:
             raise ChainError("bad_hash", number, "hash does not match the event's content")
         if producer in last_monotonic and event["monotonic"] < last_monotonic[producer]:
             raise ChainError("bad_time", number, f"{producer}'s monotonic time went backwards")

@@ -1,0 +1,721 @@
+"""Verifier benchmark: server-side verification of a 20 MB bundle against its floor, and uploads under load.
+
+Run: .venv/bin/python bench/verifier_bench.py [--quick] [--out bench/results/verifier.json]
+
+1. A ~20 MB bundle from a real run: ``ale run cartpole-balance`` encrypted to a fresh site key, then
+   its trajectory grown with valid chained ``untrusted_agent`` ``stdout`` events (random hex text)
+   until the ciphertext is ~19.5 MiB (the upload cap is 20 MiB), manifest and integrity updated,
+   re-packed with ``ale.core.bundle.pack``. It must be accepted by ``process_upload``.
+2. Floor vs pipeline, on the same bytes in the same run: the floor is age decrypt (pyrage) + zstd
+   decompress of the outer frame and of the inner ``events.jsonl.zst`` + SHA-256 of the ciphertext,
+   the tar and the trajectory; the pipeline is ``ale_verify.pipeline.process_upload`` on a temp copy
+   with a fresh database per round. Median of the rounds, ratio, goal <= 1.5x. Also a per-step
+   breakdown (the pipeline's steps called one by one) and a cProfile of one pipeline run.
+3. Load: ``ale-verify serve`` on 127.0.0.1 as a subprocess, 50 concurrent httpx clients each
+   uploading a small real bundle (~300 KB) again and again for a fixed time: uploads/s, p50/p99
+   latency, errors (any response but 201 accepted), the server process's CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import datetime as dt
+import hashlib
+import io
+import json
+import os
+import platform
+import pstats
+import random
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MIB = 1024 * 1024
+GOAL_RATIO = 1.5
+BENCH_USER = "bench"
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100])."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def _verify_cmd() -> list[str]:
+    script = Path(sys.executable).parent / "ale-verify"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "ale_verify.cli"]
+
+
+def _machine() -> dict[str, Any]:
+    import importlib.metadata as md
+
+    model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = ""
+    with contextlib.suppress(OSError):
+        mem = Path("/proc/meminfo").read_text().splitlines()[0].split(":", 1)[1].strip()
+    versions = {}
+    for name in ("pyrage", "zstandard", "httpx", "hypercorn", "quart", "jsonschema", "rfc8785"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            versions[name] = md.version(name)
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout)
+    return {
+        "nproc": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_model": model,
+        "memory": mem,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": versions,
+        "git_commit": commit,
+        "git_dirty": dirty,
+    }
+
+
+def _proc_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _self_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# -- 1. the bundles --------------------------------------------------------------------------------
+
+
+def keygen(data: Path) -> str:
+    env = {**os.environ, "ALE_VERIFY_DATA": str(data)}
+    proc = subprocess.run([*_verify_cmd(), "keygen"], env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"ale-verify keygen failed:\n{proc.stderr}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def real_run(out: Path, recipient: str) -> Path:
+    cmd = [sys.executable, "-m", "ale.runner.cli", "run", "cartpole-balance", "--plain", "--out", str(out),
+           "--episodes", "2", "--agent-time", "30", "--recipient", recipient]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"ale run failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    found = sorted(out.glob("*.ale"))
+    if not found:
+        raise SystemExit(f"ale run wrote no bundle:\n{proc.stdout}")
+    return found[-1]
+
+
+def _epoch(wall_time: str) -> float:
+    moment = dt.datetime.strptime(wall_time, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC)
+    micros = (moment - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)) // dt.timedelta(microseconds=1)
+    return micros / 1_000_000
+
+
+def _canonical_file(doc: Any) -> bytes:
+    from ale.core.canonical import canonical_json
+
+    return canonical_json(doc) + b"\n"
+
+
+def _compress_events(stream: bytes) -> bytes:
+    import zstandard
+
+    # What the harness writes (ale/runner/bundle_writer.py): level 10 with a checksum.
+    return zstandard.ZstdCompressor(level=10, write_checksum=True).compress(stream)
+
+
+class Grower:
+    """Re-builds a real run's trajectory with extra ``untrusted_agent`` ``stdout`` events."""
+
+    def __init__(self, files: dict[str, bytes], line_hex: int, seed: int) -> None:
+        import zstandard
+
+        from ale.core.trajectory import iter_events
+
+        self.files = dict(files)
+        raw = zstandard.ZstdDecompressor().decompressobj().decompress(files["events.jsonl.zst"])
+        self.original = raw
+        self.events = [e for _, e in iter_events(raw)]
+        agent = [i for i, e in enumerate(self.events) if e["producer"] == "untrusted_agent"]
+        # Insert after the agent's last own event (its clocks stay monotonic); else before agent_finished.
+        finished = next(i for i, e in enumerate(self.events) if e["kind"] == "agent_finished")
+        self.insert_at = (agent[-1] + 1) if agent else finished
+        anchor = self.events[self.insert_at - 1]
+        self.anchor_wall, self.anchor_mono = _epoch(anchor["wall_time"]), float(anchor["monotonic"])
+        self.line_hex, self.seed = line_hex, seed
+        # The re-build without extra events must reproduce the real stream byte for byte.
+        rebuilt = self.stream(0)[0]
+        if rebuilt != raw:
+            raise SystemExit("re-building the real trajectory did not reproduce it byte for byte")
+        self.compressed_per_event = 0.0
+
+    def stream(self, extra: int) -> tuple[bytes, str, int]:
+        from ale.core.trajectory import ChainBuilder
+
+        rng = random.Random(self.seed)
+        chain = ChainBuilder()
+        out = bytearray()
+
+        def add(e: dict[str, Any]) -> None:
+            _, line = chain.append(e["producer"], e["kind"], e["data"], wall_time=_epoch(e["wall_time"]),
+                                   monotonic=e["monotonic"])  # fmt: skip
+            out.extend(line)
+
+        for e in self.events[: self.insert_at]:
+            add(e)
+        half = self.line_hex // 2
+        for i in range(extra):
+            text = f"train step {i}: {rng.randbytes(half).hex()}"
+            _, line = chain.append("untrusted_agent", "stdout", {"text": text}, wall_time=self.anchor_wall,
+                                   monotonic=self.anchor_mono)  # fmt: skip
+            out.extend(line)
+        for e in self.events[self.insert_at :]:
+            add(e)
+        return bytes(out), chain.head, chain.seq
+
+    def estimate(self, sample: int = 2000) -> float:
+        """Compressed bytes per extra event, from a sample."""
+        small = len(_compress_events(self.stream(0)[0]))
+        big = len(_compress_events(self.stream(sample)[0]))
+        self.compressed_per_event = (big - small) / sample
+        return self.compressed_per_event
+
+    def build(self, extra: int, recipient: str) -> tuple[bytes, dict[str, Any]]:
+        from ale.core import bundle
+        from ale.core.merkle import files_root
+
+        stream, head, count = self.stream(extra)
+        files = dict(self.files)
+        files["events.jsonl.zst"] = _compress_events(stream)
+        manifest = json.loads(files["manifest.json"])
+        manifest["trajectory"]["events"] = count
+        manifest["trajectory"]["chain_head"] = head
+        files["manifest.json"] = _canonical_file(manifest)
+        integrity = json.loads(files["integrity.json"])
+        digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "integrity.json"}
+        integrity["files"] = digests
+        integrity["merkle_root"] = files_root(digests)
+        integrity["chain_head"] = head
+        files["integrity.json"] = _canonical_file(integrity)
+        ciphertext = bundle.pack(files, [recipient])
+        info = {
+            "ciphertext_bytes": len(ciphertext),
+            "tar_bytes": len(bundle.build_tar(files)),
+            "events_zst_bytes": len(files["events.jsonl.zst"]),
+            "events_plain_bytes": len(stream),
+            "events": count,
+            "extra_stdout_events": extra,
+            "extra_event_text_hex_chars": self.line_hex,
+        }
+        return ciphertext, info
+
+
+def grow_to(grower: Grower, target: int, cap: int, recipient: str) -> tuple[bytes, dict[str, Any]]:
+    """Extra events so that the ciphertext is about ``target`` bytes (never above ``cap``)."""
+    fixed = sum(len(v) for k, v in grower.files.items() if k != "events.jsonl.zst") + 8 * 1024 + 1024
+    per_event = grower.compressed_per_event or grower.estimate()
+    extra = max(0, int((target - fixed) / per_event))
+    for _ in range(4):
+        ciphertext, info = grower.build(extra, recipient)
+        if len(ciphertext) <= cap and abs(len(ciphertext) - target) <= max(0.02 * target, 32 * 1024):
+            return ciphertext, info
+        extra = max(0, int(extra * (target - fixed) / max(1, len(ciphertext) - fixed) * 0.995))
+    if len(ciphertext) > cap:
+        raise SystemExit(f"could not grow the bundle under the cap: {len(ciphertext)} > {cap}")
+    return ciphertext, info
+
+
+# -- 2. floor, pipeline, steps, profile ------------------------------------------------------------
+
+
+def _events_member(tar: bytes) -> tuple[int, int]:
+    """(offset, size) of events.jsonl.zst inside the tar (located once, outside the timed floor)."""
+    with tarfile.open(fileobj=io.BytesIO(tar), mode="r:") as tf:
+        for m in tf:
+            if m.name == "events.jsonl.zst":
+                return m.offset_data, m.size
+    raise SystemExit("events.jsonl.zst not in the bundle")
+
+
+def floor_once(ciphertext: bytes, identity: str, member: tuple[int, int]) -> dict[str, float]:
+    import pyrage
+    import zstandard
+
+    t0 = time.perf_counter()
+    key = pyrage.x25519.Identity.from_str(identity)
+    plain = pyrage.decrypt(ciphertext, [key])
+    t1 = time.perf_counter()
+    tar = zstandard.ZstdDecompressor().decompress(plain)
+    t2 = time.perf_counter()
+    off, size = member
+    events = zstandard.ZstdDecompressor().decompress(memoryview(tar)[off : off + size])
+    t3 = time.perf_counter()
+    hashlib.sha256(ciphertext).digest()
+    hashlib.sha256(tar).digest()
+    hashlib.sha256(events).digest()
+    t4 = time.perf_counter()
+    return {"decrypt_s": t1 - t0, "outer_decompress_s": t2 - t1, "inner_decompress_s": t3 - t2,
+            "sha256_s": t4 - t3, "total_s": t4 - t0, "plain_bytes": len(tar) + len(events)}  # fmt: skip
+
+
+class Site:
+    """Settings for in-process pipeline runs: the site's keys, a fresh database per call of ``fresh``."""
+
+    def __init__(self, data: Path, work: Path) -> None:
+        from ale_verify.config import Settings
+
+        self.data, self.work = data, work
+        self.signing_key = (data / "signing-key.bin").read_bytes()
+        self.base = Settings.from_env({"ALE_VERIFY_DATA": str(data), "ALE_VERIFY_UPLOADS_PER_HOUR": str(10**9)})
+        self.n = 0
+
+    def fresh(self) -> Any:
+        import attrs
+        from ale_verify import db
+
+        self.n += 1
+        settings = attrs.evolve(self.base, database=self.work / f"round-{self.n}.sqlite3", tmp_dir=self.work / "tmp")
+        db.migrate(settings.database)
+        db.upsert_user(settings.database, BENCH_USER, BENCH_USER, "local")
+        settings.tmp_dir.mkdir(parents=True, exist_ok=True)
+        return settings
+
+    def copy(self, ciphertext: bytes, settings: Any) -> Path:
+        fd, name = tempfile.mkstemp(prefix="upload-", suffix=".ale", dir=settings.tmp_dir)
+        with open(fd, "wb") as fh:
+            fh.write(ciphertext)
+        return Path(name)
+
+
+def pipeline_once(site: Site, ciphertext: bytes) -> tuple[float, Any]:
+    from ale_verify.pipeline import process_upload
+
+    settings = site.fresh()
+    path = site.copy(ciphertext, settings)
+    started = time.perf_counter()
+    outcome = process_upload(path, settings, site.signing_key, user_id=BENCH_USER)
+    return time.perf_counter() - started, outcome
+
+
+def steps_once(site: Site, ciphertext: bytes) -> dict[str, float]:
+    """The pipeline's steps called one by one, in process_upload's order, each timed."""
+    from ale_verify import pipeline as p
+
+    from ale import catalog
+    from ale.core import verify as v
+    from ale.runner.inspect import installed_releases
+
+    settings = site.fresh()
+    path = site.copy(ciphertext, settings)
+    times: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        times[name] = now - clock
+        clock = now
+
+    data = path.read_bytes()
+    lap("read_file")
+    digest = hashlib.sha256(data).hexdigest()
+    lap("sha256_ciphertext")
+    plain = p.step_decrypt(data, settings)
+    lap("decrypt")
+    tar = p.step_decompress(plain, settings)
+    lap("decompress_outer")
+    files = p.step_inspect_tar(tar, settings)
+    lap("inspect_tar")
+    p.step_allowlist(files)
+    lap("allowlist")
+    v._events(files["events.jsonl.zst"])  # what parse_documents does inside, timed alone (diagnostic)
+    lap("(diag) decompress_events_alone")
+    docs = p.step_schemas(files)
+    lap("schemas_incl_events_decompress")
+    chain = v.check_chain(docs)
+    lap("check_chain")
+    root = v.check_integrity(files, docs, chain)
+    lap("check_integrity")
+    p.step_signature(docs, root, settings)
+    releases = installed_releases()
+    known = {t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()}
+    release = v.check_versions(docs, release_for=lambda s: (releases[s], s) if s in releases else None,
+                               known_tasks=known)  # fmt: skip
+    lap("versions")
+    recomputed = v.recompute_scores(docs, release)
+    lap("recompute_scores")
+    summary = p.audit_summary(docs, recomputed, challenge=None, runner=None, ciphertext_sha256=digest, root=root,
+                              events=chain.events)  # fmt: skip
+    level, notes = p.assign_level(summary)
+    outcome = p.Outcome("sub_bench", "accepted", level, None, notes, summary)
+    lap("audit_summary")
+    p._persist(outcome, settings, user_id=BENCH_USER, now=time.time(), run_id=summary["run_id"])
+    lap("persist")
+    path.unlink(missing_ok=True)
+    times["total_s"] = sum(t for k, t in times.items() if not k.startswith("(diag)"))
+    return times
+
+
+def profile_once(site: Site, ciphertext: bytes, top: int = 10) -> tuple[str, list[dict[str, Any]], list[dict]]:
+    from ale_verify.pipeline import process_upload
+
+    settings = site.fresh()
+    path = site.copy(ciphertext, settings)
+    prof = cProfile.Profile()
+    prof.enable()
+    process_upload(path, settings, site.signing_key, user_id=BENCH_USER)
+    prof.disable()
+    buf = io.StringIO()
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("cumulative").print_stats(top)
+
+    def rows(key: int) -> list[dict[str, Any]]:
+        entries = sorted(stats.stats.items(), key=lambda kv: kv[1][key], reverse=True)[:top]  # type: ignore[attr-defined]
+        return [{"function": f"{Path(f).name}:{line}({name})", "ncalls": nc, "tottime_s": tt, "cumtime_s": ct}
+                for (f, line, name), (_cc, nc, tt, ct, _callers) in entries]  # fmt: skip
+
+    return buf.getvalue(), rows(3), rows(2)
+
+
+def bench_verification(site: Site, ciphertext: bytes, identity: str, rounds: int) -> dict[str, Any]:
+    from ale.core import bundle
+
+    tar = bundle.decompress(bundle.decrypt(ciphertext, identity, bundle.Limits()), bundle.Limits())
+    member = _events_member(tar)
+    del tar
+    # Warm-up (imports, task catalog, JSON Schema validators), reported apart.
+    cold_s, outcome = pipeline_once(site, ciphertext)
+    if outcome.status != "accepted":
+        raise SystemExit(f"the bundle was rejected: {outcome.reason}: {outcome.reasons}")
+    floor_once(ciphertext, identity, member)
+    floors, pipes = [], []
+    for r in range(rounds):  # alternate the order between rounds
+        if r % 2 == 0:
+            floors.append(floor_once(ciphertext, identity, member))
+            pipes.append(pipeline_once(site, ciphertext)[0])
+        else:
+            pipes.append(pipeline_once(site, ciphertext)[0])
+            floors.append(floor_once(ciphertext, identity, member))
+    floor_med = statistics.median(f["total_s"] for f in floors)
+    pipe_med = statistics.median(pipes)
+    steps = steps_once(site, ciphertext)
+    text, by_cum, by_tot = profile_once(site, ciphertext)
+    return {
+        "outcome": {
+            "status": outcome.status,
+            "level": outcome.level,
+            "reason": outcome.reason,
+            "notes": [n["reason"] for n in outcome.reasons],
+        },
+        "rounds": rounds,
+        "floor_s": floor_med,
+        "floor_breakdown_median": {k: statistics.median(f[k] for f in floors) for k in floors[0]},
+        "pipeline_s": pipe_med,
+        "pipeline_cold_s": cold_s,
+        "ratio": pipe_med / floor_med,
+        "ratio_paired_median": statistics.median(pp / f["total_s"] for pp, f in zip(pipes, floors, strict=True)),
+        "goal_ratio": GOAL_RATIO,
+        "meets_goal": pipe_med / floor_med <= GOAL_RATIO,
+        "ciphertext_mb_per_s": len(ciphertext) / 1e6 / pipe_med,
+        "floor_samples_s": [f["total_s"] for f in floors],
+        "pipeline_samples_s": pipes,
+        "steps_s": steps,
+        "profile_text": text,
+        "profile_top_cumulative": by_cum,
+        "profile_top_tottime": by_tot,
+    }
+
+
+def bench_small(site: Site, ciphertext: bytes, n: int) -> dict[str, Any]:
+    """The load test's bundle through the pipeline in-process: the server's CPU cost per upload."""
+    pipeline_once(site, ciphertext)
+    times = [pipeline_once(site, ciphertext)[0] for _ in range(n)]
+    steps = [steps_once(site, ciphertext) for _ in range(n)]
+    return {
+        "runs": n,
+        "pipeline_s": statistics.median(times),
+        "steps_s_median": {k: statistics.median(st[k] for st in steps) for k in steps[0]},
+    }
+
+
+# -- 3. load -----------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _client(url: str, token: str, body: bytes, deadline: float, max_uploads: int, out: dict[str, Any]) -> None:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"}
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120.0) as client:
+        for _ in range(max_uploads):
+            if time.perf_counter() >= deadline:
+                break
+            started = time.perf_counter()
+            try:
+                reply = await client.post("/api/v1/submissions", content=body)
+            except httpx.HTTPError as exc:
+                out["errors"].append(f"{type(exc).__name__}: {exc}")
+                continue
+            elapsed = time.perf_counter() - started
+            ok = reply.status_code == 201 and reply.json().get("status") == "accepted"
+            if ok:
+                out["latencies"].append(elapsed)
+            else:
+                out["errors"].append(f"HTTP {reply.status_code}: {reply.text[:200]}")
+
+
+async def _load(url: str, token: str, body: bytes, clients: int, duration: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"latencies": [], "errors": []}
+    started = time.perf_counter()
+    deadline = started + duration
+    await asyncio.gather(*(_client(url, token, body, deadline, 100_000, out) for _ in range(clients)))
+    out["elapsed_s"] = time.perf_counter() - started
+    return out
+
+
+async def _sequential(url: str, token: str, body: bytes, n: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"latencies": [], "errors": []}
+    started = time.perf_counter()
+    await _client(url, token, body, time.perf_counter() + 600, n, out)
+    out["elapsed_s"] = time.perf_counter() - started
+    return out
+
+
+def bench_load(data: Path, body: bytes, clients: int, duration: float, sequential: int) -> dict[str, Any]:
+    import httpx
+
+    env = {**os.environ, "ALE_VERIFY_DATA": str(data), "ALE_VERIFY_UPLOADS_PER_HOUR": str(10**9)}
+    env.pop("KEEP_SUBMISSION_BUNDLES", None)
+    token_proc = subprocess.run([*_verify_cmd(), "create-token", "--user", BENCH_USER], env=env,
+                                capture_output=True, text=True, check=False)  # fmt: skip
+    if token_proc.returncode != 0:
+        raise SystemExit(f"ale-verify create-token failed:\n{token_proc.stderr}")
+    token = token_proc.stdout.strip().splitlines()[-1]
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = data / "serve.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen([*_verify_cmd(), "serve", "--bind", f"127.0.0.1:{port}"], env=env,
+                            stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        ready_by = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise SystemExit(f"ale-verify serve exited ({proc.returncode}):\n{log_path.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                    break
+            if time.monotonic() > ready_by:
+                raise SystemExit("ale-verify serve did not become ready in 60 s")
+            time.sleep(0.1)
+        warm = asyncio.run(_sequential(url, token, body, 3))
+        if warm["errors"]:
+            raise SystemExit(f"warm-up uploads failed: {warm['errors'][:3]}")
+        seq = asyncio.run(_sequential(url, token, body, sequential))
+        cpu0, self0, load0 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds(), os.getloadavg()
+        res = asyncio.run(_load(url, token, body, clients, duration))
+        cpu1, self1 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds()
+        threads = int(Path(f"/proc/{proc.pid}/status").read_text().split("Threads:")[1].split()[0])
+        with contextlib.closing(sqlite3.connect(data / "verifier.sqlite3")) as conn:
+            stored = conn.execute("SELECT status, COUNT(*) FROM submissions GROUP BY status").fetchall()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        log.close()
+    lat = res["latencies"]
+    n_ok, n_err = len(lat), len(res["errors"])
+    return {
+        "clients": clients,
+        "duration_s": duration,
+        "elapsed_s": res["elapsed_s"],
+        "upload_bytes": len(body),
+        "uploads_ok": n_ok,
+        "errors": n_err,
+        "error_samples": res["errors"][:5],
+        "uploads_per_s": n_ok / res["elapsed_s"],
+        "latency_p50_s": _percentile(lat, 50),
+        "latency_p90_s": _percentile(lat, 90),
+        "latency_p99_s": _percentile(lat, 99),
+        "latency_max_s": max(lat) if lat else float("nan"),
+        "server_cpu_s": cpu1 - cpu0,
+        "server_cpu_percent_of_one_core": 100 * (cpu1 - cpu0) / res["elapsed_s"],
+        "server_threads_at_end": threads,
+        "client_cpu_percent_of_one_core": 100 * (self1 - self0) / res["elapsed_s"],
+        "loadavg_before": list(load0),
+        "loadavg_after": list(os.getloadavg()),
+        "db_submissions_by_status": dict(stored),
+        "sequential": {
+            "uploads": len(seq["latencies"]),
+            "errors": len(seq["errors"]),
+            "latency_p50_s": _percentile(seq["latencies"], 50),
+            "uploads_per_s": len(seq["latencies"]) / seq["elapsed_s"],
+        },
+    }
+
+
+# -- main ----------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (small bundle, 2 rounds, 5 s load)")
+    parser.add_argument("--out", default=str(ROOT / "bench/results/verifier.json"))
+    parser.add_argument("--bundle-mib", type=float, help="target ciphertext size (default 19.5; 4 with --quick)")
+    parser.add_argument("--line-hex", type=int, default=1024, help="hex characters of each added stdout event")
+    parser.add_argument("--rounds", type=int, help="floor/pipeline rounds, median reported (default 5; 2 quick)")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--duration", type=float, help="load duration in seconds (default 20; 5 with --quick)")
+    parser.add_argument("--load-bundle-kb", type=float, default=300, help="size of the load test's bundle (kB)")
+    parser.add_argument("--seed", type=int, default=20261130)
+    args = parser.parse_args()
+    bundle_mib = args.bundle_mib or (4.0 if args.quick else 19.5)
+    rounds = args.rounds or (2 if args.quick else 5)
+    duration = args.duration or (5.0 if args.quick else 20.0)
+    sequential = 5 if args.quick else 20
+
+    from ale.core import bundle
+    from ale.runner.inspect import read_identity
+
+    t_start = time.perf_counter()
+    load_before = os.getloadavg()
+    tmp = Path(tempfile.mkdtemp(prefix="ale-vbench-"))
+    try:
+        data, work = tmp / "data", tmp / "work"
+        work.mkdir(parents=True)
+        recipient = keygen(data)
+        identity = read_identity(data / "site-identity.txt")
+        site = Site(data, work)
+        (tmp / "run").mkdir()
+        t0 = time.perf_counter()
+        real = real_run(tmp / "run" / "out", recipient)
+        real_bytes = real.read_bytes()
+        real_s = time.perf_counter() - t0
+        files = bundle.unpack(real_bytes, identity)
+
+        t0 = time.perf_counter()
+        grower = Grower(files, args.line_hex, args.seed)
+        grower.estimate()
+        cap = site.base.max_upload_bytes
+        big, big_info = grow_to(grower, int(bundle_mib * MIB), cap, recipient)
+        small, small_info = grow_to(grower, int(args.load_bundle_kb * 1000), cap, recipient)
+        build_s = time.perf_counter() - t0
+        print(f"real run: cartpole-balance, 2 episodes -> {len(real_bytes):,} B bundle ({real_s:.1f} s)")
+        b = big_info
+        print(f"big bundle: {b['ciphertext_bytes']:,} B ({b['ciphertext_bytes'] / MIB:.2f} MiB, cap {cap:,}),"
+              f" {b['events']:,} events, trajectory {b['events_plain_bytes'] / 1e6:.1f} MB plain"
+              f" / {b['events_zst_bytes'] / 1e6:.1f} MB zstd (built in {build_s:.1f} s)")  # fmt: skip
+        print(f"load bundle: {small_info['ciphertext_bytes']:,} B ciphertext, {small_info['events']:,} events")
+
+        ver = bench_verification(site, big, identity, rounds)
+        fb = ver["floor_breakdown_median"]
+        print(f"\nverification of the {big_info['ciphertext_bytes'] / 1e6:.1f} MB bundle (median of {rounds} rounds):")
+        print(f"  outcome: {ver['outcome']['status']}, level {ver['outcome']['level']}")
+        print(f"  floor    {ver['floor_s'] * 1000:8.1f} ms  (decrypt {fb['decrypt_s'] * 1000:.1f}, zstd outer"
+              f" {fb['outer_decompress_s'] * 1000:.1f}, zstd events {fb['inner_decompress_s'] * 1000:.1f},"
+              f" sha256 {fb['sha256_s'] * 1000:.1f})")  # fmt: skip
+        print(f"  pipeline {ver['pipeline_s'] * 1000:8.1f} ms  (cold first run {ver['pipeline_cold_s'] * 1000:.1f} ms;"
+              f" {ver['ciphertext_mb_per_s']:.1f} MB/s)")  # fmt: skip
+        verdict = "meets" if ver["meets_goal"] else "does NOT meet"
+        print(f"  ratio pipeline/floor = {ver['ratio']:.2f}x -> {verdict} the {GOAL_RATIO}x goal"
+              f" (median of per-round ratios {ver['ratio_paired_median']:.2f}x)")  # fmt: skip
+        print("  steps, called one by one (ms):")
+        for name, s in ver["steps_s"].items():
+            print(f"    {name:34s} {s * 1000:8.1f}")
+        print("  cProfile of one process_upload, top 10 by cumulative time:")
+        for row in ver["profile_top_cumulative"]:
+            cum, own = row["cumtime_s"], row["tottime_s"]
+            print(f"    {cum:7.3f} s cum {own:7.3f} s own {row['ncalls']:>8} x {row['function']}")
+        print("  top 10 by own time:")
+        for row in ver["profile_top_tottime"]:
+            print(f"    {row['tottime_s']:7.3f} s own {row['ncalls']:>8} x {row['function']}")
+
+        small_ver = bench_small(site, small, 5 if args.quick else 15)
+        top = sorted(((k, v) for k, v in small_ver["steps_s_median"].items() if k != "total_s"), key=lambda kv: -kv[1])
+        print(f"\nload bundle through process_upload in-process: {small_ver['pipeline_s'] * 1000:.1f} ms (median of"
+              f" {small_ver['runs']}); largest steps: "
+              + ", ".join(f"{k} {v * 1000:.1f}" for k, v in top[:4]))  # fmt: skip
+
+        load = bench_load(data, small, args.clients, duration, sequential)
+        print(f"load: {args.clients} clients x {duration:.0f} s, {len(small):,} B bundle each upload:")
+        print(f"  {load['uploads_ok']} accepted, {load['errors']} errors, {load['uploads_per_s']:.1f} uploads/s")
+        print(f"  latency p50 {load['latency_p50_s'] * 1000:.0f} ms, p90 {load['latency_p90_s'] * 1000:.0f} ms,"
+              f" p99 {load['latency_p99_s'] * 1000:.0f} ms, max {load['latency_max_s'] * 1000:.0f} ms")  # fmt: skip
+        print(f"  server CPU {load['server_cpu_percent_of_one_core']:.0f}% of one core"
+              f" ({load['server_threads_at_end']} threads); client CPU {load['client_cpu_percent_of_one_core']:.0f}%;"
+              f" stored {load['db_submissions_by_status']}")  # fmt: skip
+        s = load["sequential"]
+        print(f"  one client, sequential: {s['uploads_per_s']:.1f} uploads/s, p50 {s['latency_p50_s'] * 1000:.0f} ms"
+              f" ({s['errors']} errors)")  # fmt: skip
+        for e in load["error_samples"]:
+            print(f"  error: {e}")
+        print(f"  {'no errors' if load['errors'] == 0 else 'ERRORS: the load goal is not met'}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    total_s = time.perf_counter() - t_start
+    load_after = os.getloadavg()
+    cpus = os.cpu_count() or 1
+    if load_before[0] > 0.5 * cpus or load_after[0] > cpus:  # the benchmark itself keeps about one core busy
+        print(f"warning: load average {load_before[0]:.2f} at start, {load_after[0]:.2f} at end on {cpus} CPUs:"
+              " other work was running; the figures are distorted")  # fmt: skip
+    result = {
+        "benchmark": "verifier",
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "quick": args.quick,
+        "machine": _machine(),
+        "loadavg_start": list(load_before),
+        "loadavg_end": list(load_after),
+        "wall_s": total_s,
+        "real_run": {"bundle_bytes": len(real_bytes), "events": grower.events.__len__(), "seconds": real_s},
+        "big_bundle": big_info,
+        "load_bundle": small_info,
+        "verification": {k: v for k, v in ver.items() if k != "profile_text"},
+        "load_bundle_in_process": small_ver,
+        "load": load,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out} ({total_s:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
