@@ -1,0 +1,100 @@
+"""Static-site benchmark: ``ale-verify export-site`` on a board of 10,000 submissions.
+
+Run: .venv/bin/python bench/site_bench.py [--submissions 10000] [--rounds 3] [--out bench/results/site.json]
+
+Fills a verifier database with ``--submissions`` pseudo-random accepted uploads (the test suite's
+``tests/site_fixtures.fill_many``: summaries made by the verifier's own ``audit_summary``, inserted
+through ``ale_verify.db``; plus a rejected upload every 50th and a revocation every 97th), then
+times the whole export (database read, every page, the CSV/JSON exports, the manifest, the swap
+into place) ``--rounds`` times, and reports the median, the board page's size (``index.html``), the
+largest page and the totals. The database fill is timed separately and is not part of the figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+import site_fixtures  # noqa: E402  (the test suite's fixture module)
+from ale_verify import __version__, export  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--submissions", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--page-size", type=int, default=100)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench/results/site.json")
+    args = parser.parse_args(argv)
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="ale-site-bench-") as tmp:
+        database, site = Path(tmp) / "verifier.sqlite3", Path(tmp) / "site"
+        started = time.perf_counter()
+        ids = site_fixtures.fill_many(database, args.submissions)
+        fill_s = time.perf_counter() - started
+        times = []
+        report = None
+        for _ in range(args.rounds):
+            started = time.perf_counter()
+            report = export.export_site(database, site, docs_dir=ROOT / "docs", page_size=args.page_size)
+            times.append(time.perf_counter() - started)
+        assert report is not None
+        pages = {p.relative_to(site).as_posix(): p.stat().st_size for p in site.rglob("*.html")}
+        largest = max(pages.items(), key=lambda kv: kv[1])
+        by_kind: dict[str, list[int]] = {}
+        for name, size in pages.items():
+            kind = name.split("/")[0] if "/" in name else "board"
+            by_kind.setdefault(kind, []).append(size)
+        result = {
+            "benchmark": "static-site export",
+            "ale_verify": __version__,
+            "python": platform.python_version(),
+            "machine": {
+                "nproc": os.cpu_count(),
+                "platform": platform.platform(),
+                "loadavg_start": [round(x, 2) for x in load_start],
+                "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            },
+            "config": {"submissions": args.submissions, "rounds": args.rounds, "page_size": args.page_size},
+            "uploads": {
+                "accepted": len(ids["accepted"]),
+                "rejected": len(ids["rejected"]),
+                "revoked": len(ids["revoked"]),
+            },
+            "fill_database_s": round(fill_s, 3),
+            "database_bytes": database.stat().st_size,
+            "export_s": {"median": round(statistics.median(times), 3), "rounds": [round(t, 3) for t in times]},
+            "export_ms_per_submission": round(statistics.median(times) * 1000 / report.submissions, 3),
+            "site": {"files": report.files, "pages": report.pages, "bytes": report.bytes},
+            "board_page_bytes": pages["index.html"],
+            "largest_page": {"path": largest[0], "bytes": largest[1]},
+            "page_bytes": {
+                kind: {"count": len(v), "median": int(statistics.median(v)), "max": max(v)}
+                for kind, v in sorted(by_kind.items())
+            },
+            "leaderboard_csv_bytes": (site / "leaderboard.csv").stat().st_size,
+            "leaderboard_json_bytes": (site / "leaderboard.json").stat().st_size,
+        }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(
+        f"export of {report.submissions} submissions: {result['export_s']['median']} s median "
+        f"({result['export_ms_per_submission']} ms per submission; database fill {result['fill_database_s']} s)"
+    )
+    print(f"board page index.html: {result['board_page_bytes']} bytes; largest page {largest[0]}: {largest[1]} bytes")
+    print(f"site: {report.files} files, {report.pages} pages, {report.bytes} bytes; written {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

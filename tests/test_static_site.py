@@ -1,0 +1,643 @@
+"""``ale-verify export-site``: the static leaderboard (verify/export.py, static-site/).
+
+Databases come from ``site_fixtures`` (summaries made by the verifier's own ``audit_summary``):
+none, one, a curated mix of every level and genre, and a big board of thousands of rows. Checked:
+deterministic bytes, content-hashed assets, relative links only and every one resolving (fragments
+included), serving from a sub-path over HTTP, HTML validity (Debian's ``tidy`` and html5lib's strict
+parser), accessible markup, the board's order against the API's, rejected rows never shown, revoked
+rows shown unranked, escaping of hostile names, the CSV/JSON exports against their documentation,
+and small pages on a big board. Browser tests are in ``test_static_site_browser.py``.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import re
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import pytest
+import site_fixtures as sf
+from ale_verify import cli, db, export
+from ale_verify.app import leaderboard_rows
+
+from ale import catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+BOARD_PAGES = {"overall": "index.html", "reproduction": "reproduction.html", "open": "open.html"}
+#: tidy 5.6 (Debian 12) predates WAI-ARIA 1.1's aria-current; it is valid HTML (HTML-ARIA).
+TIDY_ALLOWED = re.compile(r'^line \d+ column \d+ - Warning: <(a|span)> proprietary attribute "aria-current"$')
+ROW_LINK = re.compile(r'<th scope="row" class="agent"><a href="(?:\.\./)?submissions/(sub_[0-9a-f]+)\.html">')
+
+
+def _export(db_path: Path, out: Path, **kw: Any) -> Path:
+    export.export_site(db_path, out, docs_dir=DOCS, **kw)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("mix")
+    ids = sf.fill_mix(base / "verifier.sqlite3")
+    return {"db": base / "verifier.sqlite3", "site": _export(base / "verifier.sqlite3", base / "site"), "ids": ids}
+
+
+@pytest.fixture(scope="module")
+def empty(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("empty")
+    sf.fill_empty(base / "db.sqlite3")
+    return _export(base / "db.sqlite3", base / "site")
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    base = tmp_path_factory.mktemp("big")
+    ids = sf.fill_many(base / "db.sqlite3", 2500, seed=7)
+    started = time.perf_counter()
+    site = _export(base / "db.sqlite3", base / "site")
+    return {"db": base / "db.sqlite3", "site": site, "ids": ids, "seconds": time.perf_counter() - started}
+
+
+def _read(site: Path, rel: str) -> str:
+    return (site / rel).read_bytes().decode("utf-8")  # no newline translation (the CSV's are CRLF)
+
+
+def _tree(site: Path) -> dict[str, bytes]:
+    return {p.relative_to(site).as_posix(): p.read_bytes() for p in sorted(site.rglob("*")) if p.is_file()}
+
+
+def _board_order(site: Path, first: str) -> list[str]:
+    """Submission ids in board order over every page of a tab."""
+    ids, page, stem = [], first, first.removesuffix(".html").replace("index", "overall")
+    n = 1
+    while (site / page).is_file():
+        ids += ROW_LINK.findall(_read(site, page))
+        n += 1
+        page = f"{stem}.p{n}.html"
+    return ids
+
+
+def _cells(html: str, submission: str) -> list[str]:
+    """The text of the cells of the board row that links to ``submission``."""
+    row = re.search(rf"<tr[^>]*>(?:(?!</tr>).)*submissions/{submission}\.html(?:(?!</tr>).)*</tr>", html, re.S)
+    assert row, submission
+    return [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row.group(0), re.S)]
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def test_cli_export_site_writes_replaces_and_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    database = tmp_path / "data" / "verifier.sqlite3"
+    sf.fill_one(database)
+    monkeypatch.setenv("ALE_VERIFY_DATABASE", str(database))
+    out = tmp_path / "public" / "board"
+    assert cli.main(["export-site", str(out), "--docs", str(DOCS)]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["event"] == "exported"
+    assert line["submissions"] == 1
+    assert line["ranked"] == 1
+    assert (out / "index.html").is_file()
+    assert (out / export.MANIFEST).is_file()
+    assert oct(out.stat().st_mode & 0o777) == "0o755"
+    # A re-export replaces the folder as a whole: stale files go, nothing is left beside it.
+    (out / "stale.html").write_text("old")
+    assert cli.main(["export-site", str(out), "--page-size", "5", "--top-n", "3"]) == 0
+    assert not (out / "stale.html").exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["board"]
+    # Never over a folder that is not a previous export, and never without a database.
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "keep.txt").write_text("mine")
+    assert cli.main(["export-site", str(foreign)]) == 2
+    assert "refusing" in capsys.readouterr().err
+    assert (foreign / "keep.txt").read_text() == "mine"
+    monkeypatch.setenv("ALE_VERIFY_DATABASE", str(tmp_path / "nope.sqlite3"))
+    assert cli.main(["export-site", str(tmp_path / "x")]) == 2
+    assert "no database" in capsys.readouterr().err
+    assert not (tmp_path / "nope.sqlite3").exists()
+
+
+def test_failed_export_leaves_the_previous_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    database = tmp_path / "db.sqlite3"
+    sf.fill_one(database)
+    out = _export(database, tmp_path / "site")
+    before = _tree(out)
+
+    def boom(*a: object, **kw: object) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(export.Site, "_manifest", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        _export(database, out)
+    assert _tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("db.")) == ["site"]  # no stage left
+
+
+# -- none, one, many ---------------------------------------------------------------------------
+
+
+def test_empty_database(empty: Path) -> None:
+    for page in BOARD_PAGES.values():
+        html = _read(empty, page)
+        assert "No submission has been ranked in this category yet." in html
+        assert "<svg" not in html  # no chart without rows
+    assert _read(empty, "leaderboard.csv") == ",".join(export.CSV_COLUMNS) + "\r\n"
+    doc = json.loads(_read(empty, "leaderboard.json"))
+    assert doc["schema"] == "ale-leaderboard/v1"
+    assert doc["submissions"] == []
+    assert not (empty / "submissions").exists()
+    for task_id in catalog.tasks():
+        assert "No submission has completed this task yet." in _read(empty, f"tasks/{task_id}.html")
+
+
+def test_one_submission(tmp_path: Path) -> None:
+    ids = sf.fill_one(tmp_path / "db.sqlite3")
+    site = _export(tmp_path / "db.sqlite3", tmp_path / "site")
+    row = db.get_submission(tmp_path / "db.sqlite3", ids["only"])
+    assert row is not None
+    cells = _cells(_read(site, "index.html"), ids["only"])
+    assert cells[0] == "1"
+    assert cells[1] == "OpenHands-R"
+    assert cells[2] == "gpt-5.1"
+    assert cells[3] == "high"
+    assert cells[4] == f"{row['summary']['categories']['overall']:.3f}"
+    assert cells[5] == "100.0%"
+    assert cells[6] == "4/4"
+    assert cells[7] == "1 h 30 min"
+    assert cells[8] == "—"
+    assert cells[9] == "Validated"
+    assert cells[10] == "2026-09-01"
+    assert "Top 1 by score" in _read(site, "index.html")
+
+
+# -- determinism and assets -------------------------------------------------------------------
+
+
+def test_export_is_deterministic(mix: dict[str, Any], tmp_path: Path) -> None:
+    again = _export(mix["db"], tmp_path / "again")
+    first, second = _tree(mix["site"]), _tree(again)
+    assert list(first) == list(second)
+    assert [name for name in first if first[name] != second[name]] == []
+    # Re-exporting into the same folder gives the same bytes too.
+    assert _tree(_export(mix["db"], again)) == first
+
+
+def test_manifest_lists_every_file(mix: dict[str, Any]) -> None:
+    site = mix["site"]
+    manifest = json.loads(_read(site, export.MANIFEST))
+    files = {k: v for k, v in _tree(site).items() if k != export.MANIFEST}
+    assert sorted(manifest["files"]) == sorted(files)
+    for name, data in files.items():
+        assert manifest["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def test_assets_are_content_hashed(mix: dict[str, Any]) -> None:
+    site = mix["site"]
+    assets = sorted((site / "assets").iterdir())
+    assert [re.sub(r"\.[0-9a-f]{12}\.", ".HASH.", p.name) for p in assets] == ["icon.HASH.svg", "style.HASH.css"]
+    for p in assets:
+        assert p.name.split(".")[1] == hashlib.sha256(p.read_bytes()).hexdigest()[:12]
+    css = next(p.name for p in assets if p.suffix == ".css")
+    for page in sf.html_files(site):
+        depth = len(page.relative_to(site).parts) - 1
+        assert f'href="{"../" * depth}assets/{css}"' in page.read_text()
+
+
+# -- links ------------------------------------------------------------------------------------
+
+
+def _check_links(site: Path, pages: list[Path] | None = None) -> int:
+    """Every reference is relative and resolves to a file of the export (and its fragment to an
+    id there); external links only in rendered docs. Returns the number of references checked."""
+    ids: dict[Path, set[str]] = {}
+    checked = 0
+    for page in pages if pages is not None else sf.html_files(site):
+        refs = sf.page_refs(page.read_text(encoding="utf-8"))
+        assert refs.scripts == 0, page
+        assert refs.handlers == [], page
+        ids.setdefault(page.resolve(), refs.ids)
+        for tag, attr, value in refs.refs:
+            where = f"{page.relative_to(site)}: <{tag} {attr}={value!r}>"
+            assert not value.startswith(("/", "\\")), where
+            assert not re.match(r"^(javascript|data|vbscript|file):", value, re.I), where
+            if sf.is_external(value):
+                assert page.relative_to(site).parts[0] == "docs", where
+                assert tag == "a", where
+                continue
+            target, fragment = sf.resolve_ref(site, page, value)
+            assert target.is_file(), where
+            assert target.resolve().is_relative_to(site.resolve()), where
+            if fragment:
+                if target.resolve() not in ids:
+                    ids[target.resolve()] = sf.page_refs(target.read_text(encoding="utf-8")).ids
+                assert fragment in ids[target.resolve()], where
+            checked += 1
+    return checked
+
+
+def test_links_are_relative_and_resolve(mix: dict[str, Any]) -> None:
+    assert _check_links(mix["site"]) > 500
+
+
+def test_links_resolve_on_the_empty_site(empty: Path) -> None:
+    assert _check_links(empty) > 50
+
+
+def test_works_from_a_sub_path_over_http(mix: dict[str, Any]) -> None:
+    """Crawl the site from /board/index.html: every page and file it links to is served (200)."""
+    site = mix["site"]
+    with sf.SubPathServer(site, "/board/") as server:
+        seen: set[str] = set()
+        queue = deque([server.base + "index.html"])
+        while queue:
+            url = queue.popleft()
+            if url in seen:
+                continue
+            seen.add(url)
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                assert resp.status == 200, url
+                body = resp.read()
+            if url.endswith(".html"):
+                for _, _, value in sf.page_refs(body.decode()).refs:
+                    if not sf.is_external(value):
+                        queue.append(urllib.parse.urljoin(url, value).partition("#")[0])
+        with pytest.raises(urllib.error.HTTPError) as outside:
+            urllib.request.urlopen(server.base.replace("/board/", "/index.html"), timeout=10)
+        outside.value.close()
+    assert server.outside == ["/index.html"]  # only the probe above left the sub-path
+    reached = {url.removeprefix(server.base) for url in seen}
+    assert reached == set(_tree(site)) - {export.MANIFEST}  # every file of the site is reachable
+
+
+# -- validity and accessibility ----------------------------------------------------------------
+
+
+def _tidy() -> str | None:
+    path = shutil.which("tidy")
+    if path is None:
+        if sf.tools_required():
+            pytest.fail("tidy is required (ALE_SITE_TOOLS_REQUIRED=1): apt-get install tidy")
+        pytest.skip("Debian's tidy is not installed (apt-get install tidy)")
+    return path
+
+
+def _tidy_problems(tidy: str, pages: list[Path]) -> dict[str, list[str]]:
+    problems = {}
+    for page in pages:
+        proc = subprocess.run([tidy, "-errors", "-quiet", "--show-warnings", "yes", str(page)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not TIDY_ALLOWED.match(ln)]
+        if proc.returncode >= 2 or lines:
+            problems[page.name] = lines or [f"exit status {proc.returncode}"]
+    return problems
+
+
+def test_html_is_valid_for_tidy(mix: dict[str, Any], empty: Path) -> None:
+    tidy = _tidy()
+    assert tidy is not None
+    pages = sf.html_files(mix["site"]) + sf.html_files(empty)
+    assert _tidy_problems(tidy, pages) == {}
+
+
+def _html5lib() -> Any:
+    try:
+        import html5lib
+    except ModuleNotFoundError:
+        if sf.tools_required():
+            pytest.fail("html5lib is required (ALE_SITE_TOOLS_REQUIRED=1): pip install html5lib")
+        pytest.skip("html5lib is not installed (pip install html5lib)")
+    return html5lib
+
+
+def test_html_parses_strictly(mix: dict[str, Any], empty: Path) -> None:
+    html5lib = _html5lib()
+    parser = html5lib.HTMLParser(strict=True, namespaceHTMLElements=False)
+    for page in sf.html_files(mix["site"]) + sf.html_files(empty):
+        try:
+            parser.parse(page.read_bytes(), transport_encoding="utf-8")
+        except html5lib.html5parser.ParseError as exc:
+            pytest.fail(f"{page}: {exc}")
+
+
+def test_accessible_markup(mix: dict[str, Any]) -> None:
+    for page in sf.html_files(mix["site"]):
+        html = page.read_text()
+        where = page.relative_to(mix["site"])
+        assert html.startswith('<!DOCTYPE html>\n<html lang="en">'), where
+        assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in html, where
+        assert html.count("<h1") == 1, where
+        for landmark in ("<header", "<nav", '<main id="main"', "<footer"):
+            assert landmark in html, (where, landmark)
+        assert html.index('class="skip-link" href="#main"') < html.index("<header"), where
+        for table in re.findall(r"<table.*?</table>", html, re.S):
+            assert "<caption" in table or table.startswith('<table class="md-table">'), where  # (markdown has none)
+            assert all('scope="' in th for th in re.findall(r"<th[ >][^>]*>", table)), where
+        for region in re.findall(r'<div class="table-scroll"[^>]*>', html):
+            assert 'role="region"' in region
+            assert 'tabindex="0"' in region
+            assert "aria-labelledby" in region
+        for svg in re.findall(r"<svg.*?</svg>", html, re.S):
+            assert 'role="img"' in svg
+            assert "aria-label=" in svg
+            assert "<title>" in svg
+            assert "<desc>" in svg
+        assert not re.search(r"<img(?![^>]*\balt=)", html), where
+    index = _read(mix["site"], "index.html")
+    assert re.search(r'<a href="index.html" aria-current="page">Overall</a>', index)
+    assert re.search(r'<a href="reproduction.html">Reproduction</a>', index)
+
+
+def test_pages_are_small(mix: dict[str, Any]) -> None:
+    sizes = {p.relative_to(mix["site"]).as_posix(): p.stat().st_size for p in sf.html_files(mix["site"])}
+    assert sizes["index.html"] < 60_000
+    assert max(v for k, v in sizes.items() if k.startswith("submissions/")) < 25_000
+    assert max(v for k, v in sizes.items() if not k.startswith("docs/")) < 80_000
+
+
+# -- what the board shows ---------------------------------------------------------------------
+
+
+def test_board_order_matches_the_api(mix: dict[str, Any]) -> None:
+    rows = db.ranked_submissions(mix["db"])
+    for category, page in BOARD_PAGES.items():
+        api = leaderboard_rows(rows, category)
+        assert _board_order(mix["site"], page) == [r["submission_id"] for r in api], category
+        html = _read(mix["site"], page)
+        for r in api:
+            cells = _cells(html, r["submission_id"])
+            assert cells[0] == ("—" if r["rank"] is None else str(r["rank"]))
+            assert cells[4] == f"{r['score']:.3f}"
+            assert cells[6] == f"{r['covered']}/{r['required']}" or category != "overall"
+
+
+def test_scores_are_ratios_with_three_decimals(mix: dict[str, Any]) -> None:
+    for page in BOARD_PAGES.values():
+        html = _read(mix["site"], page)
+        scores = re.findall(r'<td class="num score">([^<]*)</td>', html)
+        assert scores
+        assert all(re.fullmatch(r"\d+\.\d{3}", s) for s in scores), scores
+    capped = _cells(_read(mix["site"], "index.html"), mix["ids"]["capped"])
+    assert capped[4] == "1.500"
+    assert capped[0] == "1"
+
+
+def test_rejected_submissions_never_appear(mix: dict[str, Any]) -> None:
+    assert len(mix["ids"]["rejected"]) == 3
+    for name, data in _tree(mix["site"]).items():
+        text = data.decode("utf-8", "replace")
+        for sid in mix["ids"]["rejected"]:
+            assert sid not in text
+            assert sid not in name
+    accepted = {p.stem for p in (mix["site"] / "submissions").iterdir()}
+    assert accepted == set(mix["ids"]["accepted"])
+
+
+def test_revoked_submissions_are_marked_and_unranked(mix: dict[str, Any]) -> None:
+    site, ids = mix["site"], mix["ids"]
+    index = _read(site, "index.html")
+    order = _board_order(site, "index.html")
+    assert order[-2:] == ids["revoked"]  # after every ranked row
+    for sid in ids["revoked"]:
+        cells = _cells(index, sid)
+        assert cells[0] == "—"
+        assert cells[9] == "Revoked"
+        assert re.search(rf'<tr class="revoked">(?:(?!</tr>).)*{sid}', index, re.S)
+    charts = re.findall(r"<svg.*?</svg>", index, re.S)
+    assert len(charts) == 3
+    assert not any("RoboSmith · qwen3-coder-480b · high" in c for c in charts)
+    page = _read(site, f"submissions/{ids['revoked_top']}.html")
+    assert "the policy artifact was copied from a published solution" in page
+    assert 'class="alert alert-revoked"' in page
+    twice = _read(site, f"submissions/{ids['audited_then_revoked']}.html")
+    history = re.search(r'<table class="history">.*?</table>', twice, re.S).group(0)  # type: ignore[union-attr]
+    assert [a for a in re.findall(r'<th scope="row">(\w+)</th>', history)] == ["accepted", "audited", "revoked"]
+    assert "re-run on the team&#39;s hardware matched" in history
+    assert "the agent read the hidden evaluation seeds through a leaked file" in history
+    rows = {r["submission_id"]: r for r in json.loads(_read(site, "leaderboard.json"))["submissions"]}
+    for sid in ids["revoked"]:
+        assert rows[sid]["revoked"] is True
+        assert rows[sid]["rank_overall"] is None
+        assert rows[sid]["level"] == "revoked"
+
+
+def test_categories_split_by_genre(mix: dict[str, Any]) -> None:
+    site, ids = mix["site"], mix["ids"]
+    repro, opened = _board_order(site, "reproduction.html"), _board_order(site, "open.html")
+    assert ids["reproduction_only"] in repro
+    assert ids["reproduction_only"] not in opened
+    assert ids["open_only"] in opened
+    assert ids["open_only"] not in repro
+    assert ids["nothing_covered"] not in _board_order(site, "index.html") + repro + opened
+    assert (site / f"submissions/{ids['nothing_covered']}.html").is_file()  # it still has its page
+    assert _cells(_read(site, "reproduction.html"), ids["reproduction_only"])[6] == "2/2"
+    assert _cells(_read(site, "index.html"), ids["reproduction_only"])[6] == "2/4"
+    unfaithful = _cells(_read(site, "reproduction.html"), ids["unfaithful"])
+    assert unfaithful[4] == "0.000"  # the faithfulness gate
+
+
+def test_tokens_only_from_the_proxy(mix: dict[str, Any]) -> None:
+    index = _read(mix["site"], "index.html")
+    assert _cells(index, mix["ids"]["proxy_tokens"])[8] == "18.2M / 1.2M"
+    assert _cells(index, mix["ids"]["validated"])[8] == "—"
+    assert "Token counts come only from the network proxy" in index
+    page = _read(mix["site"], f"submissions/{mix['ids']['proxy_tokens']}.html")
+    assert "18\u202f234\u202f567 input, 1\u202f204\u202f311 output" in page
+    rows = {r["submission_id"]: r for r in json.loads(_read(mix["site"], "leaderboard.json"))["submissions"]}
+    assert rows[mix["ids"]["proxy_tokens"]]["input_tokens"] == 18_234_567
+    assert rows[mix["ids"]["validated"]]["input_tokens"] is None
+
+
+def test_hostile_names_are_escaped(mix: dict[str, Any]) -> None:
+    for page in sf.html_files(mix["site"]):
+        html = page.read_text()
+        assert "<script" not in html
+        assert "onerror=" not in html.replace("onerror=alert", "")
+        assert "<b>model</b>" not in html
+        assert "<i>" not in html
+    index = _read(mix["site"], "index.html")
+    assert "&lt;script&gt;alert(&#34;board&#34;)&lt;/script&gt; &amp; &lt;img src=x onerror=alert(1)&gt;" in index
+    assert sf.UNICODE_NAME in index
+    rows = list(csv.DictReader(io.StringIO(_read(mix["site"], "leaderboard.csv"))))
+    by_id = {r["submission_id"]: r for r in rows}
+    formula = by_id[mix["ids"]["csv_formula"]]
+    assert formula["agent"] == "'" + sf.CSV_FORMULA_NAME
+    assert formula["model"] == "'=1+1"
+    assert formula["effort"] == "'@SUM(A1)"
+    assert by_id[mix["ids"]["xss"]]["agent"] == sf.XSS_NAME  # text, not markup, in a CSV
+    rows_json = {r["submission_id"]: r for r in json.loads(_read(mix["site"], "leaderboard.json"))["submissions"]}
+    assert rows_json[mix["ids"]["csv_formula"]]["agent"] == sf.CSV_FORMULA_NAME  # JSON keeps the exact text
+
+
+def test_submission_page(mix: dict[str, Any]) -> None:
+    sid = mix["ids"]["not_completed"]
+    row = db.get_submission(mix["db"], sid)
+    assert row is not None
+    s = row["summary"]
+    html = _read(mix["site"], f"submissions/{sid}.html")
+    assert "Not completed</strong>: the agent left no policy artifact at /workspace/policy.json" in html
+    breakdown = re.search(r'<table class="breakdown">.*?</table>', html, re.S).group(0)  # type: ignore[union-attr]
+    for t in s["tasks"]:
+        assert f"../tasks/{t['task'].partition('@')[0]}.html" in breakdown
+        if t["status"] == "completed":
+            for key in ("gap", "score", "final"):
+                assert f"{t[key]:.3f}" in breakdown
+            assert f"{t['passed']}/{t['episodes']}" in breakdown
+            for name in t["penalties"]:
+                assert f"<code>{name}</code>" in breakdown
+    for digest in (s["ciphertext_sha256"], s["merkle_root"], s["runtime"]["code"]["code_sha256"],
+                   s["runtime"]["code"]["dependency_lock_sha256"], s["release_sha256"]):  # fmt: skip
+        assert digest in html
+    assert f"ale-verify check bundles/{sid}.ale --identity site-identity.txt" in html
+    assert f"ale inspect {s['run_id']}.ale --identity KEY.txt" in html
+    assert "Python</dt><dd>3.11.7" in html
+    official = _read(mix["site"], f"submissions/{mix['ids']['official']}.html")
+    assert "ALE CI official rerun (official rerun)" in official
+    assert "Officially verified" in official
+    self_reported = _read(mix["site"], f"submissions/{mix['ids']['self_no_challenge']}.html")
+    assert "<code>no_challenge</code>: the run had no challenge" in self_reported
+
+
+def test_task_pages(mix: dict[str, Any]) -> None:
+    site = mix["site"]
+    rows = db.ranked_submissions(mix["db"])
+    index = _read(site, "tasks/index.html")
+    for task_id, task in catalog.tasks().items():
+        ref = task.spec.ref
+        assert f'href="{task_id}.html"' in index
+        html = _read(site, f"tasks/{task_id}.html")
+        assert task.spec.title in html
+        first_words = export._first_section(task.paper).split("\n")[0][:40]
+        assert first_words.split("**")[0] in html  # the method summary, rendered
+        assert f"<code>{task.spec.headline.metric}</code>" in html
+        for name in task.spec.safety_metrics:
+            assert f"<code>{name}</code>" in html
+        finals = sorted(
+            ((t["final"], r["received_at"], r["id"]) for r in rows if r["level"] != "revoked"
+             for t in r["summary"]["tasks"] if t["task"] == ref and t["status"] == "completed"),
+            key=lambda x: (-x[0], x[1], x[2]),
+        )  # fmt: skip
+        order = ROW_LINK.findall(html)
+        assert order[: len(finals)] == [x[2] for x in finals]
+
+
+def test_docs_are_rendered(mix: dict[str, Any]) -> None:
+    site = mix["site"]
+    for name in ("agent-contract", "protocol", "formats", "verifier", "tasks", "policy-format", "leaderboard-export"):
+        assert (site / "docs" / f"{name}.html").is_file(), name
+    formats = _read(site, "docs/formats.html")
+    assert '<a href="#the-trajectory">' in formats
+    assert 'id="the-trajectory"' in formats
+    assert '<a href="../schemas/manifest.schema.json">' in formats
+    assert "<p>&lt;!--" not in formats
+    assert "<!--" not in formats
+    assert (site / "schemas/manifest.schema.json").read_bytes() == (
+        ROOT / "ale/schemas/manifest.schema.json"
+    ).read_bytes()
+    policy = _read(site, "docs/policy-format.html")
+    assert 'class="external" rel="noopener noreferrer"' in policy
+
+
+def test_markdown_is_safe() -> None:
+    md = export.Markdown(lambda source, path: "docs/ok.html" if path == "docs/ok.md" else None)
+    html, headings = md.render(
+        "# Title `x`\n\n<script>alert(1)</script>\n\n<b onclick=x>bold</b> [ok](ok.md#a) [bad](javascript:alert(1)) "
+        "[gone](../secret.txt) [abs](/etc/passwd) ![img](https://example.com/t.png)\n\n## Title `x`\n",
+        source_dir="docs",
+        page_dir="docs",
+    )
+    assert "<script" not in html
+    assert "<b " not in html
+    assert "&lt;script&gt;" in html
+    assert '<a href="ok.html#a">ok</a>' in html
+    assert "javascript:" not in html.replace("[bad](javascript:alert(1))", "")
+    assert '<span class="unlinked">gone</span>' in html
+    assert '<span class="unlinked">abs</span>' in html
+    assert "<img" not in html
+    assert [h["id"] for h in headings] == ["title-x", "title-x-1"]
+
+
+def test_exports_match_their_documentation(mix: dict[str, Any]) -> None:
+    doc = (DOCS / "leaderboard-export.md").read_text()
+    section = doc.split("## leaderboard.csv", 1)[1].split("\n## ", 1)[0]
+    documented = re.findall(r"^\| `([a-z_0-9]+)` \|", section, re.M)
+    assert tuple(documented) == export.CSV_COLUMNS
+    header = _read(mix["site"], "leaderboard.csv").split("\r\n", 1)[0]
+    assert tuple(header.split(",")) == export.CSV_COLUMNS
+    data = json.loads(_read(mix["site"], "leaderboard.json"))
+    json_section = doc.split("## leaderboard.json", 1)[1].split("\n## ", 1)[0]
+    json_documented = set(re.findall(r"^\| `([a-z_0-9]+)` \|", json_section, re.M))
+    assert set(data) == json_documented - {"task_finals"}
+    for row in data["submissions"]:
+        assert set(row) == set(export.CSV_COLUMNS) | {"task_finals"}
+    rows = list(csv.DictReader(io.StringIO(_read(mix["site"], "leaderboard.csv"), newline="")))
+    assert [r["submission_id"] for r in rows] == [r["submission_id"] for r in data["submissions"]]
+    assert len(rows) == len(mix["ids"]["accepted"])
+    for r, j in zip(rows, data["submissions"], strict=True):
+        for key in ("score_overall", "pass_rate", "runtime_s"):
+            assert (r[key] == "" and j[key] is None) or math.isclose(float(r[key]), j[key])
+
+
+# -- the big board ----------------------------------------------------------------------------
+
+
+def test_big_board(big: dict[str, Any]) -> None:
+    site, ids = big["site"], big["ids"]
+    assert len(ids["accepted"]) == 2500
+    assert len(ids["rejected"]) == 50
+    assert len(ids["revoked"]) == 25
+    assert big["seconds"] < 60, f"exporting {len(ids['accepted'])} submissions took {big['seconds']:.1f} s"
+    data = json.loads(_read(site, "leaderboard.json"))["submissions"]
+    assert len(data) == len(ids["accepted"])
+    ranked = [r for r in data if r["rank_overall"] is not None]
+    assert [r["rank_overall"] for r in ranked] == list(range(1, len(ranked) + 1))
+    order = _board_order(site, "index.html")
+    scored = [r for r in data if r["score_overall"] is not None]
+    assert len(order) == len(scored)
+    assert order[: len(ranked)] == [r["submission_id"] for r in ranked]
+    pages = sorted(site.glob("overall.p*.html"))
+    assert len(pages) + 1 == math.ceil(len(scored) / 100)
+    sizes = {p.relative_to(site).as_posix(): p.stat().st_size for p in sf.html_files(site)}
+    assert sizes["index.html"] < 150_000, sizes["index.html"]
+    assert max(sizes.values()) < 150_000, max(sizes.items(), key=lambda kv: kv[1])
+    assert not set(ids["rejected"]) & {p.stem for p in (site / "submissions").iterdir()}
+    # The board's pages, a task's pages and a sample of submission pages: valid, links resolving.
+    sample = [site / "index.html", site / "reproduction.html", site / "open.html", *pages[:3], pages[-1],
+              *sorted(site.glob("tasks/*.html"))[:6], *sorted((site / "submissions").iterdir())[::250]]  # fmt: skip
+    assert _check_links(site, sample) > 1000
+    html5lib = _html5lib()
+    for page in sample:
+        html5lib.HTMLParser(strict=True).parse(page.read_bytes(), transport_encoding="utf-8")
+
+
+def test_a_sparse_summary_still_exports(tmp_path: Path) -> None:
+    """A row with only a few summary members (an older verifier's) renders with dashes, not a crash."""
+    database = tmp_path / "db.sqlite3"
+    sf.prepare(database)
+    summary = {"agent": {"name": "old-agent"}, "categories": {"overall": 0.5}, "covered": [], "missing": [],
+               "tasks": [{"task": "cartpole-balance@1.0.0", "status": "completed", "final": 0.5}]}  # fmt: skip
+    db.insert_submission(
+        database,
+        {"id": "sub_old", "user_id": sf.USERS[0], "received_at": sf.BASE_TIME, "ciphertext_sha256": "", "status":
+         "accepted", "level": "validated", "reason": None, "reasons": [], "run_id": None, "summary": summary},
+        {"at": sf.BASE_TIME, "actor": "verifier", "action": "accepted", "from_level": None, "to_level": "validated",
+         "reason": "all checks passed"},
+    )  # fmt: skip
+    site = _export(database, tmp_path / "site")
+    assert _cells(_read(site, "index.html"), "sub_old")[:5] == ["1", "old-agent", "—", "—", "0.500"]
+    assert "old-agent" in _read(site, "submissions/sub_old.html")
+    assert "0.500" in _read(site, "tasks/cartpole-balance.html")
+    assert _check_links(site) > 50
