@@ -40,8 +40,11 @@ typecheck: install  ## mypy only
 proto: install  ## regenerate ale/env/v1 from proto/ (tests fail when it is stale)
 	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. --pyi_out=. proto/ale/env/v1/env.proto
 
-bench: install  ## evaluator throughput benchmark; writes bench/results/evaluator.json
+bench: install  ## every benchmark; each prints its ratios and writes bench/results/*.json
 	$(BIN)/python bench/evaluator_bench.py --out bench/results/evaluator.json
+	$(BIN)/python bench/harness_bench.py --out bench/results/harness.json
+	$(BIN)/python bench/verifier_bench.py --out bench/results/verifier.json
+	$(BIN)/python bench/site_bench.py
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
