@@ -116,6 +116,9 @@ def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None 
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"):
         if os.path.exists(etc):
             argv += ["--ro-bind", etc, etc]
+    # The private /tmp comes before the read-only binds: a Python installation or checkout that
+    # lives under the host's /tmp (a CI clone, say) must stay visible on top of it.
+    argv += ["--perms", "1777", "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp"]
     made: set[Path] = set()
     for root in _python_roots():
         for parent in _parents(root):
@@ -126,7 +129,6 @@ def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None 
     argv += [
         "--proc", "/proc",
         "--dev", "/dev",
-        "--perms", "1777", "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp",
         "--perms", "0755", "--dir", "/ale",
         "--bind", str(spec.evaluator_socket), SOCKET_PATH,
         "--ro-bind", str(spec.task_dir), TASK_PATH,
