@@ -285,6 +285,20 @@ def _public_task_json(task: catalog.Task) -> dict[str, Any]:
     return {"digest": task.digest, **converter.unstructure(task.spec)}
 
 
+async def _left_policy(path: Path, what: str, outcome: TaskOutcome, *, executable: bool) -> os.stat_result | None:
+    """The stat of the policy the agent left, or None with the reason recorded on the outcome."""
+    shown = f"{WORKSPACE_PATH}/{path.name}"
+    try:
+        info = await trio.Path(path).lstat()
+    except FileNotFoundError:
+        outcome.reason = f"the agent left no {what} at {shown}"
+        return None
+    if not stat.S_ISREG(info.st_mode) or (executable and not info.st_mode & 0o111):
+        outcome.reason = f"{shown} is not {'an executable' if executable else 'a'} regular file"
+        return None
+    return info
+
+
 class Harness:
     def __init__(self, options: RunOptions, runtime: Runtime, progress: Progress) -> None:
         self.options = options
@@ -575,13 +589,8 @@ class Harness:
         self, task: catalog.Task, client: AleEnvClient, workspace: Path, n: int, outcome: TaskOutcome, rec: Recorder
     ) -> pb.EvalResult | None:
         path = workspace / POLICY_ARTIFACT
-        try:
-            info = await trio.Path(path).lstat()
-        except FileNotFoundError:
-            outcome.reason = f"the agent left no policy artifact at {WORKSPACE_PATH}/{POLICY_ARTIFACT}"
-            return None
-        if not stat.S_ISREG(info.st_mode):
-            outcome.reason = f"{WORKSPACE_PATH}/{POLICY_ARTIFACT} is not a regular file"
+        info = await _left_policy(path, "policy artifact", outcome, executable=False)
+        if info is None:
             return None
         if info.st_size > MAX_POLICY_BYTES:
             outcome.reason = f"the policy artifact is {info.st_size} bytes; the limit is {MAX_POLICY_BYTES}"
@@ -622,14 +631,7 @@ class Harness:
         outcome: TaskOutcome,
         rec: Recorder,
     ) -> pb.EvalResult | None:
-        path = workspace / POLICY_ENTRYPOINT
-        try:
-            info = await trio.Path(path).lstat()
-        except FileNotFoundError:
-            outcome.reason = f"the agent left no policy entrypoint at {WORKSPACE_PATH}/{POLICY_ENTRYPOINT}"
-            return None
-        if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o111:
-            outcome.reason = f"{WORKSPACE_PATH}/{POLICY_ENTRYPOINT} is not an executable regular file"
+        if await _left_policy(workspace / POLICY_ENTRYPOINT, "policy entrypoint", outcome, executable=True) is None:
             return None
         created = await trio.to_thread.run_sync(lambda: client.create_env(official=True))
         session = await trio.to_thread.run_sync(lambda: client.start_eval_session(created.env_id, num_episodes=n))
