@@ -6,7 +6,6 @@ not a well-formed, bounded, finite feed-forward network that fits the task.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import random
@@ -20,37 +19,18 @@ import pytest
 import safetensors.numpy
 from ale_evaluator.domains import DOMAINS
 from ale_evaluator.envs import make_env
-from ale_evaluator.seeds import RunConfig, hidden_seed
+from ale_evaluator.seeds import hidden_seed
 from ale_evaluator.service import Limits
+from evaluator_helpers import code_of, commitment_of, wait_for_batch
 
 from ale import catalog
-from ale.client import AleEnvClient, AleEnvError
+from ale.client import AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import MAX_POLICY_BYTES, linear_policy, load_policy, save_policy
 
 # CartPole: push toward the lean only (falls in a few dozen steps) / a balancing controller (500 steps).
 FALLING = linear_policy(np.array([[0.0, 0.0, -1.0, 0.0], [0.0, 0.0, 1.0, 0.0]]), output="discrete")
 BALANCING = linear_policy(np.array([[0.0, 0.0, 0.0, 0.0], [0.0, 0.5, 10.0, 2.0]]), output="discrete")
-
-
-def commitment_of(config: RunConfig, seed: int) -> bytes:
-    return hashlib.sha256(seed.to_bytes(8, "big") + config.run_id.encode("utf-8") + config.secret).digest()
-
-
-def code_of(fn, *args, **kwargs) -> grpc.StatusCode:
-    with pytest.raises(AleEnvError) as info:
-        fn(*args, **kwargs)
-    return info.value.code
-
-
-def wait_for_batch(client: AleEnvClient, batch_id: str, timeout: float = 30.0) -> pb.GetBatchEvalStatusResponse:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = client.get_batch_eval_status(batch_id)
-        if status.state in (pb.BATCH_STATE_DONE, pb.BATCH_STATE_FAILED):
-            return status
-        assert time.monotonic() < deadline, f"batch {batch_id} still in state {status.state}"
-        time.sleep(0.01)
 
 
 def local_rollouts(policy_bytes: bytes, task_id: str, seeds: list[int]) -> list[tuple[float, int, bool]]:

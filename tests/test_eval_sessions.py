@@ -8,7 +8,6 @@ authoritative result with GetEvalResult.
 
 from __future__ import annotations
 
-import hashlib
 import json
 
 import grpc
@@ -18,6 +17,7 @@ from ale_evaluator.domains import DOMAINS
 from ale_evaluator.envs import make_env
 from ale_evaluator.seeds import RunConfig, hidden_seed
 from ale_evaluator.service import Limits
+from evaluator_helpers import code_of, commitment_of
 
 from ale import catalog
 from ale.client import AleEnvError
@@ -30,17 +30,6 @@ OTHER_CONFIG = RunConfig(run_id="test-run-0001", secret=bytes(range(1, 33)))
 def falling(obs: np.ndarray) -> int:
     """Push toward the pole's lean only: the pole falls after a few dozen steps."""
     return int(obs[2] > 0)
-
-
-def commitment_of(config: RunConfig, seed: int) -> bytes:
-    """The documented formula, recomputed here: SHA256(seed as 8 bytes big-endian || run_id || secret)."""
-    return hashlib.sha256(seed.to_bytes(8, "big") + config.run_id.encode("utf-8") + config.secret).digest()
-
-
-def code_of(fn, *args, **kwargs) -> grpc.StatusCode:
-    with pytest.raises(AleEnvError) as info:
-        fn(*args, **kwargs)
-    return info.value.code
 
 
 def open_session(ev, num_episodes: int) -> pb.StartEvalSessionResponse:

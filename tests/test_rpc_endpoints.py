@@ -7,8 +7,6 @@ environments with gymnasium's SAME_STEP autoreset.
 
 from __future__ import annotations
 
-import time
-
 import ale_evaluator
 import grpc
 import gymnasium as gym
@@ -16,6 +14,7 @@ import numpy as np
 import pytest
 from ale_evaluator.envs import make_env
 from ale_evaluator.service import Limits
+from evaluator_helpers import code_of, wait_for_batch
 from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -49,27 +48,8 @@ def address(ev, role: str) -> str:
     return ev.running.agent_address if role == "agent" else ev.running.harness_address
 
 
-def code_of(fn, *args, **kwargs) -> grpc.StatusCode:
-    with pytest.raises(AleEnvError) as info:
-        fn(*args, **kwargs)
-    return info.value.code
-
-
 def local_env(task_id: str = "cartpole-balance") -> gym.Env:
     return make_env(catalog.get_task(task_id))
-
-
-def wait_for_batch(client: AleEnvClient, batch_id: str, timeout: float = 30.0) -> pb.GetBatchEvalStatusResponse:
-    deadline = time.monotonic() + timeout
-    while True:
-        status = client.get_batch_eval_status(batch_id)
-        if status.state in (pb.BATCH_STATE_DONE, pb.BATCH_STATE_FAILED):
-            return status
-        assert time.monotonic() < deadline, f"batch {batch_id} still in state {status.state}"
-        time.sleep(0.01)
-
-
-# -- the RPCs every endpoint serves -----------------------------------------------------------
 
 
 @pytest.mark.parametrize("role", ROLES)
