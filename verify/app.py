@@ -9,7 +9,6 @@ import asyncio
 import logging
 import secrets
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from functools import wraps
 from pathlib import Path
@@ -404,7 +403,3 @@ def _spool(tmp_dir: Path, data: bytes) -> Path:
     with open(fd, "wb") as fh:
         fh.write(data)
     return Path(name)
-
-
-def now() -> float:
-    return time.time()

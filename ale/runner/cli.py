@@ -12,6 +12,7 @@ from pathlib import Path
 import trio
 
 from ale import __version__, catalog
+from ale.runner.harness import AgentSpec
 
 BUNDLED_AGENTS = {
     "demo": "ale.agents.demo",
@@ -23,9 +24,7 @@ class CliError(Exception):
     """A problem the user can fix: printed without a traceback, exit status 2."""
 
 
-def _agent(args: argparse.Namespace):  # -> AgentSpec
-    from ale.runner.harness import AgentSpec
-
+def _agent(args: argparse.Namespace) -> AgentSpec:
     declared = {"model": args.model, "effort": args.effort}
     if args.agent_cmd:
         try:
