@@ -2,39 +2,24 @@
 
 from __future__ import annotations
 
-import attrs
 from ale_evaluator.domains import Domain, EpisodeMeter
 
+from ale.core.results import Episode
 from ale.env.v1 import env_pb2 as pb
 
 #: Why an episode did not run to its end.
 ABORT_REASONS = ("reset_mid_episode", "session_closed", "not_started", "policy_error", "evaluator_error")
 
 
-@attrs.frozen
-class EpisodeRecord:
-    index: int
-    seed_commitment: bytes
-    episode_return: float
-    length: int
-    success: bool
-    safety_counts: dict[str, int]
-    terminated: bool
-    truncated: bool
-    aborted: bool
-    abort_reason: str
-    headline_value: float
-
-    @property
-    def passed(self) -> bool:
-        """Ran to its end (terminated or truncated by the task) without being aborted."""
-        return not self.aborted and (self.terminated or self.truncated)
+#: The evaluator records exactly the episode the bundle carries (``task_results.json``), so the
+#: definition of an episode and of its passing lives in one place, the pure core.
+EpisodeRecord = Episode
 
 
 def finished(index: int, commitment: bytes, meter: EpisodeMeter, value: float, success: bool) -> EpisodeRecord:
     return EpisodeRecord(
         index=index,
-        seed_commitment=commitment,
+        seed_commitment=commitment.hex(),
         episode_return=meter.episode_return,
         length=meter.length,
         success=success,
@@ -53,7 +38,7 @@ def aborted(index: int, commitment: bytes, domain: Domain, reason: str, meter: E
     counts = dict(meter.safety_counts) if meter else dict.fromkeys(domain.safety_metrics, 0)
     return EpisodeRecord(
         index=index,
-        seed_commitment=commitment,
+        seed_commitment=commitment.hex(),
         episode_return=meter.episode_return if meter else 0.0,
         length=meter.length if meter else 0,
         success=False,
@@ -100,7 +85,7 @@ def build_result(
     for rec in sorted(records, key=lambda r: r.index):
         result.episodes.add(
             index=rec.index,
-            seed_commitment=rec.seed_commitment,
+            seed_commitment=bytes.fromhex(rec.seed_commitment),
             episode_return=rec.episode_return,
             length=rec.length,
             success=rec.success,

@@ -134,7 +134,7 @@ class EvaluatorState:
                 "episode_end",
                 session_id=session_id,
                 index=index,
-                seed_commitment=rec.seed_commitment.hex(),
+                seed_commitment=rec.seed_commitment,
                 length=rec.length,
                 aborted=rec.aborted,
                 abort_reason=rec.abort_reason,
