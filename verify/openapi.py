@@ -81,6 +81,26 @@ REASON_BODY = {
 }
 
 
+def _level_change(operation: str, conflict: str) -> dict[str, Any]:
+    """An operator's level change: a reason in, the submission out."""
+    return {
+        "post": {
+            "operationId": operation,
+            "security": AUTH,
+            "parameters": [ID_PARAM],
+            "requestBody": REASON_BODY,
+            "responses": {
+                "200": _json({"$ref": "#/components/schemas/Submission"}),
+                "400": _error("bad body"),
+                "401": _error("no valid token"),
+                "403": _error("not an operator"),
+                "404": _error("unknown id"),
+                "409": _error(conflict),
+            },
+        }
+    }
+
+
 def document(server_url: str) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -199,38 +219,10 @@ def document(server_url: str) -> dict[str, Any]:
                     },
                 }
             },
-            "/api/v1/operator/submissions/{submission_id}/audit": {
-                "post": {
-                    "operationId": "audit",
-                    "security": AUTH,
-                    "parameters": [ID_PARAM],
-                    "requestBody": REASON_BODY,
-                    "responses": {
-                        "200": _json({"$ref": "#/components/schemas/Submission"}),
-                        "400": _error("bad body"),
-                        "401": _error("no valid token"),
-                        "403": _error("not an operator"),
-                        "404": _error("unknown id"),
-                        "409": _error("not allowed from its level"),
-                    },
-                }
-            },
-            "/api/v1/operator/submissions/{submission_id}/revoke": {
-                "post": {
-                    "operationId": "revoke",
-                    "security": AUTH,
-                    "parameters": [ID_PARAM],
-                    "requestBody": REASON_BODY,
-                    "responses": {
-                        "200": _json({"$ref": "#/components/schemas/Submission"}),
-                        "400": _error("bad body"),
-                        "401": _error("no valid token"),
-                        "403": _error("not an operator"),
-                        "404": _error("unknown id"),
-                        "409": _error("already revoked or rejected"),
-                    },
-                }
-            },
+            "/api/v1/operator/submissions/{submission_id}/audit": _level_change("audit", "not allowed from its level"),
+            "/api/v1/operator/submissions/{submission_id}/revoke": _level_change(
+                "revoke", "already revoked or rejected"
+            ),
             "/api/v1/operator/runner-keys": {
                 "get": {
                     "operationId": "listRunnerKeys",
