@@ -19,7 +19,7 @@ import httpx
 import pyrage
 from ale_verify import __version__, db, openapi, tokens
 from ale_verify.config import Settings
-from ale_verify.pipeline import ELEVATION_FIELDS, process_upload, read_identity
+from ale_verify.pipeline import ELEVATION_FIELDS, process_upload, site_identity
 from quart import Quart, Response, jsonify, redirect, request, session
 from werkzeug.exceptions import HTTPException
 
@@ -92,7 +92,7 @@ def leaderboard_rows(rows: list[dict[str, Any]], category: str) -> list[dict[str
 def create_app(settings: Settings) -> Quart:
     app = Quart("ale_verify")
     signing_key = settings.signing_key_file.read_bytes()
-    recipient = str(pyrage.x25519.Identity.from_str(read_identity(settings)).to_public())
+    recipient = str(pyrage.x25519.Identity.from_str(site_identity(settings)).to_public())
     app.secret_key = signing_key  # signs the session cookie (OAuth state, login)
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax", MAX_CONTENT_LENGTH=None)
     db.migrate(settings.database)

@@ -47,7 +47,7 @@ from ale.core.verify import (
     parse_documents,
     recompute_scores,
 )
-from ale.runner.inspect import installed_releases
+from ale.runner.inspect import installed_releases, read_identity
 from ale.schemas import validate_document
 
 log = logging.getLogger(__name__)
@@ -76,11 +76,9 @@ def _limits(settings: Settings) -> bundle.Limits:
     )
 
 
-def read_identity(settings: Settings) -> str:
-    for line in settings.key_file.read_text().splitlines():
-        if line.strip().startswith("AGE-SECRET-KEY-1"):
-            return line.strip()
-    raise RuntimeError(f"{settings.key_file} holds no age identity")  # an operator error, not the uploader's
+def site_identity(settings: Settings) -> str:
+    """The site's age identity; a missing or broken key file is the operator's error, not the uploader's."""
+    return read_identity(settings.key_file)
 
 
 # -- steps --------------------------------------------------------------------------------------
@@ -88,7 +86,7 @@ def read_identity(settings: Settings) -> str:
 
 def step_decrypt(ciphertext: bytes, settings: Settings) -> bytes:
     bundle.check_age_header(ciphertext, _limits(settings))
-    return bundle.decrypt(ciphertext, read_identity(settings), _limits(settings))
+    return bundle.decrypt(ciphertext, site_identity(settings), _limits(settings))
 
 
 def step_decompress(plain: bytes, settings: Settings) -> bytes:

@@ -19,7 +19,7 @@ from ale.core.canonical import canonical_json
 from ale.core.merkle import files_root
 from ale.core.results import RunScore, parse_task_results, score_breakdown_document, score_run
 from ale.core.signing import sign_root
-from ale.core.trajectory import EVENT_SCHEMA
+from ale.core.trajectory import EVENT_SCHEMA, format_wall_time
 from ale.runner.harness import RunRecord, task_results_json
 
 MANIFEST_SCHEMA = "ale-bundle-manifest/v1"
@@ -33,12 +33,6 @@ NO_JUDGE = "no faithfulness judge is configured: a reproduction task without a v
 def _json(value: Any) -> bytes:
     """Bundle JSON files are canonical JSON (RFC 8785) plus a newline."""
     return canonical_json(value) + b"\n"
-
-
-def _iso(ts: float) -> str:
-    from ale.core.trajectory import format_wall_time
-
-    return format_wall_time(ts)
 
 
 def faithfulness_verdicts(record: RunRecord) -> dict[str, Any]:
@@ -87,8 +81,8 @@ def manifest_json(record: RunRecord) -> dict[str, Any]:
         "run": {
             "completed": True,
             "official_episode_counts": opts.episodes is None,
-            "started": _iso(record.started),
-            "finished": _iso(record.finished),
+            "started": format_wall_time(record.started),
+            "finished": format_wall_time(record.finished),
         },
     }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sys
@@ -32,7 +33,9 @@ def read_identity(path: Path) -> str:
     raise IdentityError(f"{path} holds no age identity (a line starting AGE-SECRET-KEY-1)")
 
 
+@functools.cache
 def installed_releases() -> dict[str, ReleaseManifest]:
+    """The installed release manifests by the SHA-256 of their bytes (read once; package data)."""
     found = {}
     for entry in (resources.files("ale") / "releases").iterdir():
         if entry.name.endswith(".json"):
