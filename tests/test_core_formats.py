@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import random
+import struct
 from importlib import resources
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ale import catalog
-from ale.core.canonical import CanonicalError, canonical_json, reference_canonical_json
+from ale.core.canonical import CanonicalError, canonical_json, parse_canonical, reference_canonical_json
 from ale.core.parse import ParseError
 from ale.core.release import parse_release
 from ale.core.tasks import parse_task
@@ -176,3 +180,134 @@ def test_fast_path_agrees_with_the_reference_rfc8785_library(value: object) -> N
 def test_key_order_follows_utf16_code_units(key: str) -> None:
     value = {key: 1, "\ue001": 2, "\U00010000": 3}
     assert canonical_json(value) == reference_canonical_json(value)
+
+
+# -- parse_canonical: the fast "are these bytes canonical?" check ----------------------------------
+
+
+def _reference_accepts(raw: bytes) -> tuple[bool, object]:
+    """The reference decision: strict parse, RFC 8785 re-encode, byte comparison."""
+    try:
+        value = json.loads(raw)
+        return reference_canonical_json(value) == raw, value
+    except (ValueError, RecursionError):
+        return False, None
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal with types (1 and 1.0 differ, -0.0 and 0.0 differ)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)  # type: ignore[index]
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))  # type: ignore[arg-type]
+    if isinstance(a, float):
+        return math.copysign(1.0, a) == math.copysign(1.0, b) and a == b  # type: ignore[arg-type]
+    return a == b
+
+
+def _check_parse_canonical(raw: bytes) -> None:
+    accepted, value = _reference_accepts(raw)
+    fast = parse_canonical(raw)
+    if fast is not None or raw == b"null":
+        assert accepted, raw  # never vouches for what the reference refuses
+        assert _same(fast, value), raw  # and gives the very same value
+
+
+@settings(max_examples=800, deadline=None)
+@given(any_json)
+def test_parse_canonical_vouches_only_for_canonical_bytes(value: object) -> None:
+    try:
+        raw = reference_canonical_json(value)
+    except CanonicalError:
+        return
+    _check_parse_canonical(raw)
+    # Non-canonical spellings of the same document: whitespace, Python's own encoder, escapes.
+    for variant in (
+        json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"),
+        json.dumps(value, sort_keys=True, separators=(",", ":")).encode(),
+        json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass"),
+    ):
+        _check_parse_canonical(variant)
+
+
+@settings(max_examples=800, deadline=None)
+@given(any_json, st.data())
+def test_parse_canonical_never_vouches_for_a_mutated_line(value: object, data: st.DataObject) -> None:
+    try:
+        raw = reference_canonical_json(value)
+    except CanonicalError:
+        return
+    pos = data.draw(st.integers(0, len(raw)))
+    insert = data.draw(st.sampled_from([b" ", b"0", b".0", b"\\u0041", b",", b"e+16", b'"', b"-", b"\xf0\x9f\x98\x80"]))
+    _check_parse_canonical(raw[:pos] + insert + raw[pos:])
+    if raw:
+        _check_parse_canonical(raw[:pos] + raw[pos + 1 :])
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a":1.0}', b'{"a":[0.5,2.0]}', b'{"a":-0.0}', b'{"a":1e+16}', b'{"a":9007199254740992}', b"1.0",
+        b'{"b":1,"a":2}', b'{"a":1,"a":1}', b'{"a":"\\u0041"}', b'{"a":"\\/"}', b'{"a":1E-7}', b'{"a":1e-07}',
+        b'{ "a":1}', b'{"a":1}\n', b'{"a":"\\ud800"}', b'{"a":NaN}', b'{"a":1e999}',
+        b'{"\xee\x80\x80":2,"\xf0\x9f\x98\x80":1}',
+        b'{"a":"\\u001F"}', b'{"a":"\\u007f"}', b"\xef\xbb\xbf{}", b'{"a":18446744073709551616}',
+        b'{"a":9.35742879010263e-6}', b'{"a":[1e-6]}',
+    ],
+)  # fmt: skip
+def test_parse_canonical_refuses_non_canonical_spellings(raw: bytes) -> None:
+    assert not _reference_accepts(raw)[0]
+    assert parse_canonical(raw) is None
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"a":1}',
+        b'{"a":1e-7}',
+        b'{"a":0.00001}',
+        b'{"a":1e+21}',
+        b'{"a":"\\u001f\\n"}',
+        b'{"\xc3\xa9":"\xe2\x82\xac"}',
+        b'{"\xf0\x9f\x98\x80":1,"\xee\x80\x80":2}',
+    ],
+)
+def test_parse_canonical_agrees_on_canonical_lines(raw: bytes) -> None:
+    assert _reference_accepts(raw)[0]
+    _check_parse_canonical(raw)
+
+
+def test_orjson_writes_every_code_point_as_rfc8785_does() -> None:
+    """The string half of the fast path's premise, checked exhaustively (the reference is slow,
+    so it is checked against the rule it implements: JSON's mandatory escapes, lowercase hex)."""
+    short = {0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r", 0x22: '\\"', 0x5C: "\\\\"}
+    for cp in [*range(0xD800), *range(0xE000, 0x110000)]:
+        expected = short.get(cp) or (f"\\u{cp:04x}" if cp < 0x20 else chr(cp))
+        assert orjson.dumps(chr(cp)) == ('"' + expected + '"').encode(), hex(cp)
+    for cp in [*range(0x80), 0xE9, 0x2028, 0xFFFF, 0x1F600]:
+        assert reference_canonical_json(chr(cp)) == orjson.dumps(chr(cp))
+
+
+def test_orjson_writes_non_integral_floats_as_rfc8785_does_outside_its_exponent_band() -> None:
+    """The float half of the premise, on random bit patterns and on every decade; inside the band
+    the fast path leaves alone, orjson does differ (so the band is needed)."""
+    rng = random.Random(8785)
+    samples = [struct.unpack("<d", rng.randbytes(8))[0] for _ in range(20000)]
+    samples += [rng.uniform(1, 10) * 10.0**e for e in range(-320, 300) for _ in range(5)]
+    samples += [float(f"{f:.2g}") for f in samples[-3000:]]
+    checked = differ_in_band = 0
+    for f in samples:
+        if not math.isfinite(f) or f.is_integer():
+            continue
+        assert orjson.loads(reference_canonical_json(f)) == f
+        if 1e-7 <= abs(f) < 1e-5:
+            differ_in_band += orjson.dumps(f) != reference_canonical_json(f)
+            continue
+        assert orjson.dumps(f) == reference_canonical_json(f), repr(f)
+        checked += 1
+    assert checked > 10000
+    assert differ_in_band > 0
+    assert parse_canonical(b'{"a":0.000001}') is None
+    assert parse_canonical(b'{"a":1e-6}') is None

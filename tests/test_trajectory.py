@@ -11,7 +11,17 @@ from hypothesis import strategies as st
 
 from ale.core.canonical import canonical_json
 from ale.core.merkle import files_root, merkle_tree_hash
-from ale.core.trajectory import GENESIS, ChainBuilder, ChainError, format_wall_time, verify_chain
+from ale.core.trajectory import (
+    GENESIS,
+    ChainBuilder,
+    ChainError,
+    ChainSummary,
+    check_chunk,
+    format_wall_time,
+    link_chunks,
+    split_chunks,
+    verify_chain,
+)
 
 T0 = 1_764_476_918.123456  # 2025-11-30T04:28:38.123456Z
 
@@ -183,3 +193,82 @@ def test_files_root_is_order_independent_and_content_sensitive() -> None:
     d = {"b.json": "11" * 32, "a.json": "22" * 32}
     assert files_root(d) == files_root(dict(reversed(list(d.items()))))
     assert files_root(d) != files_root({**d, "a.json": "23" * 32})
+
+
+# -- chunked verification: the same verdict however the stream is cut -----------------------------
+
+
+def _verdict(check: object) -> tuple[str, object]:
+    try:
+        summary = check()  # type: ignore[operator]
+    except ChainError as exc:
+        return ("error", (exc.reason, exc.line, str(exc)))
+    return ("ok", summary)
+
+
+def _chunked(stream: bytes, cuts: list[int], **kwargs: object) -> ChainSummary:
+    """Cut at the newlines nearest ``cuts``, check each piece on its own, link in order."""
+    ends = sorted({stream.find(b"\n", c) + 1 for c in cuts if 0 < stream.find(b"\n", c) + 1 < len(stream)})
+    pieces, start, line = [], 0, 1
+    for end in [*ends, len(stream)]:
+        pieces.append(check_chunk(stream[start:end], line))
+        line += stream[start:end].count(b"\n")
+        start = end
+    return link_chunks(pieces, **kwargs)  # type: ignore[arg-type]
+
+
+_MUTATIONS = [
+    lambda ev: None,
+    lambda ev: ev[3]["data"].update(i=99),
+    lambda ev: ev.__setitem__(slice(4, 6), [ev[5], ev[4]]),
+    lambda ev: ev.pop(5),
+    lambda ev: ev[6].update(producer_sequence=ev[6]["producer_sequence"] + 1),
+    lambda ev: ev[7].update(monotonic=-5.0),
+    lambda ev: ev[2].update(prev_hash="f" * 64),
+    lambda ev: ev[8].update(hash="nothex"),
+    lambda ev: ev[4].update(prev_hash="xyz"),
+    lambda ev: ev[0].update(producer="untrusted_agent"),
+    lambda ev: ev[0]["data"].update(nonce=5),
+    lambda ev: ev[9].update(seq=3),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(range(len(_MUTATIONS))),
+    st.booleans(),
+    st.lists(st.integers(0, 20_000), max_size=5),
+    st.sampled_from([None, "nonce-abc", "other"]),
+)
+def test_chunked_verification_gives_the_single_pass_verdict(mutation: int, rehash: bool, cuts: list[int],
+                                                            nonce: str | None) -> None:  # fmt: skip
+    events = _events(_stream(12))
+    _MUTATIONS[mutation](events)
+    if rehash:
+        events = _rehash(events)
+    stream = _encode(events)
+    kwargs = {"expected_nonce": nonce, "check_nonce": nonce is not None}
+    single = _verdict(lambda: verify_chain(stream, **kwargs))
+    assert _verdict(lambda: _chunked(stream, [c % max(1, len(stream)) for c in cuts], **kwargs)) == single
+    assert _verdict(lambda: link_chunks([check_chunk(c, n) for c, n in split_chunks(stream, 4)], **kwargs)) == single
+
+
+def test_split_chunks_cuts_at_newlines_and_numbers_lines() -> None:
+    stream = _stream(50)
+    for parts in (1, 2, 3, 7, 50, 200):
+        chunks = split_chunks(stream, parts)
+        assert b"".join(c for c, _ in chunks) == stream
+        assert len(chunks) <= parts
+        assert all(c.endswith(b"\n") for c, _ in chunks)
+        assert [n for _, n in chunks] == [1 + stream[: stream.find(c)].count(b"\n") for c, _ in chunks]
+    assert split_chunks(b"", 3) == []
+    with pytest.raises(ChainError) as err:
+        split_chunks(stream[:-1], 2)
+    assert err.value.reason == "truncated"
+
+
+def test_link_chunks_refuses_reports_out_of_order() -> None:
+    chunks = split_chunks(_stream(10), 2)
+    reports = [check_chunk(c, n) for c, n in chunks]
+    with pytest.raises(ValueError, match="consecutive"):
+        link_chunks(reports[::-1])

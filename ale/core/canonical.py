@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
+import orjson
 import rfc8785
 
 _SAFE_INT = 2**53 - 1
@@ -96,3 +98,54 @@ def canonical_json(value: Any) -> bytes:
         return encode_prepared(prepared)
     except UnicodeEncodeError:  # a lone surrogate: let the reference decide
         return reference_canonical_json(value)
+
+
+# -- checking that bytes are canonical ------------------------------------------------------------
+#
+# Verifying a trajectory means checking that every line is the canonical form of its own content:
+# parse, re-encode, compare. ``orjson`` does both in C and agrees with RFC 8785 byte for byte on
+# strings (every code point is tested) and on non-integral floats (tested on random doubles); it
+# refuses integers outside the safe range itself (OPT_STRICT_INTEGER). It differs on integral
+# floats, which it writes as ``1.0`` or ``1e+16`` where ECMAScript writes ``1`` and
+# ``10000000000000000``, and on magnitudes in [1e-6, 1e-5), which it writes with an exponent
+# (``1e-6``) where ECMAScript writes ``0.000001``; a value holding such a float (the band is taken
+# a decade wider) is left to the reference path. Object keys are sorted by code point, which is
+# UTF-16 order unless a key holds a character outside the Basic Multilingual Plane, so lines with
+# such a character take the reference path.
+
+_NON_BMP = re.compile(rb"[\xf0-\xf4]")
+_ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
+_BAND_LOW, _BAND_HIGH = 1e-7, 1e-5  # where orjson may write an exponent and RFC 8785 does not
+
+
+def _floats_agree(value: Any) -> bool:
+    """True if orjson writes every float in ``value`` as RFC 8785 does (see above)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        for child in item.values() if type(item) is dict else item:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append(child)
+            elif kind is float and (child.is_integer() or _BAND_LOW <= abs(child) < _BAND_HIGH):
+                return False
+    return True
+
+
+def parse_canonical(raw: bytes) -> Any | None:
+    """``raw`` parsed, if it is provably the canonical JSON of what it holds; else None.
+
+    None means "not proven", not "not canonical": the caller decides with the reference path
+    (:func:`canonical_json` of the strictly parsed value compared with ``raw``), which also names
+    the fault. A value is only returned for bytes that path would accept, and it is the same value.
+    """
+    if not raw.isascii() and _NON_BMP.search(raw):
+        return None
+    try:
+        value = orjson.loads(raw)
+        again = orjson.dumps(value, option=_ORJSON_OPTIONS)
+    except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+        return None
+    if again != raw or not _floats_agree([value]):
+        return None
+    return value

@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from ale.core.canonical import CanonicalError, canonical_json, encode_prepared, prepare
+from ale.core.canonical import CanonicalError, canonical_json, encode_prepared, parse_canonical, prepare
 
 EVENT_SCHEMA = "ale-trajectory-event/v1"
 GENESIS = "0" * 64
@@ -51,7 +51,7 @@ class ChainError(ValueError):
 
     def __init__(self, reason: str, line: int, message: str) -> None:
         super().__init__(f"line {line}: {message}" if line else message)
-        self.reason, self.line = reason, line
+        self.reason, self.line, self.detail = reason, line, message
 
 
 def event_hash(event_without_hash: Mapping[str, Any]) -> str:
@@ -131,26 +131,40 @@ class ChainSummary:
     eval_results: dict[str, dict[str, Any]] = attrs.Factory(dict)
 
 
-def iter_lines(stream: bytes) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
-    """Parse lines strictly: each must be the canonical JSON of its own content."""
+def _strict_parse(raw: bytes, number: int) -> dict[str, Any]:
+    """The reference path: parse strictly, re-encode with RFC 8785, compare; names the fault."""
+    try:
+        event = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise ChainError("not_json", number, "not a JSON object") from None
+    if not isinstance(event, dict):
+        raise ChainError("not_json", number, "not a JSON object")
+    try:
+        canonical = canonical_json(event)
+    except CanonicalError as exc:
+        raise ChainError("not_canonical", number, str(exc)) from None
+    if canonical != raw:
+        raise ChainError("not_canonical", number, "the line is not in canonical JSON (RFC 8785) form")
+    return event
+
+
+def _parse_line(raw: bytes, number: int) -> dict[str, Any]:
+    if len(raw) > MAX_LINE_BYTES:
+        raise ChainError("line_too_long", number, f"line of {len(raw)} bytes exceeds {MAX_LINE_BYTES}")
+    event = parse_canonical(raw)
+    return event if type(event) is dict else _strict_parse(raw, number)
+
+
+def _split(stream: bytes) -> list[bytes]:
     if stream and not stream.endswith(b"\n"):
         raise ChainError("truncated", stream.count(b"\n") + 1, "the last line has no newline: truncated stream")
-    for number, raw in enumerate(stream.split(b"\n")[:-1] if stream else [], start=1):
-        if len(raw) > MAX_LINE_BYTES:
-            raise ChainError("line_too_long", number, f"line of {len(raw)} bytes exceeds {MAX_LINE_BYTES}")
-        try:
-            event = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-            raise ChainError("not_json", number, "not a JSON object") from None
-        if not isinstance(event, dict):
-            raise ChainError("not_json", number, "not a JSON object")
-        try:
-            canonical = canonical_json(event)
-        except CanonicalError as exc:
-            raise ChainError("not_canonical", number, str(exc)) from None
-        if canonical != raw:
-            raise ChainError("not_canonical", number, "the line is not in canonical JSON (RFC 8785) form")
-        yield number, raw, event
+    return stream.split(b"\n")[:-1] if stream else []
+
+
+def iter_lines(stream: bytes) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+    """Parse lines strictly: each must be the canonical JSON of its own content."""
+    for number, raw in enumerate(_split(stream), start=1):
+        yield number, raw, _parse_line(raw, number)
 
 
 def iter_events(stream: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -162,7 +176,13 @@ def _fail(reason: str, number: int, message: str) -> None:
     raise ChainError(reason, number, message)
 
 
-def _check_fields(number: int, event: dict[str, Any]) -> None:
+_VALID_KINDS: set[str] = set()  # kinds already seen to match _KIND (a cache: the regex is the rule)
+
+
+def _check_fields(number: int, event: dict[str, Any], head: str = "") -> None:
+    """Every member's presence and format. ``head`` is a hash already checked (a ``prev_hash``
+    equal to it needs no second look); a ``hash`` of the right length is proven to be hex when it
+    matches the SHA-256 of the body (:func:`_hash_fault` names it otherwise)."""
     if event.keys() != FIELDS:
         missing, extra = sorted(FIELDS - set(event)), sorted(set(event) - FIELDS)
         _fail("bad_fields", number, f"fields missing {missing} or unexpected {extra}")
@@ -170,24 +190,28 @@ def _check_fields(number: int, event: dict[str, Any]) -> None:
         _fail("bad_schema", number, f"schema is not {EVENT_SCHEMA}")
     if type(event["seq"]) is not int or type(event["producer_sequence"]) is not int:
         _fail("bad_sequence", number, "seq and producer_sequence must be integers")
-    producer = event["producer"]
-    if not isinstance(producer, str) or producer not in PRODUCERS:
-        _fail("bad_producer", number, f"unknown producer {producer!r}")
+    if event["producer"] not in _PRODUCER_SET:
+        _fail("bad_producer", number, f"unknown producer {event['producer']!r}")
     kind = event["kind"]
-    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
-        _fail("bad_kind", number, "kind is not a lowercase identifier")
+    if kind not in _VALID_KINDS:
+        if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+            _fail("bad_kind", number, "kind is not a lowercase identifier")
+        if len(_VALID_KINDS) < 4096:
+            _VALID_KINDS.add(kind)
     wall = event["wall_time"]
-    if not isinstance(wall, str) or not _WALL_TIME.fullmatch(wall):
+    if type(wall) is not str or not _WALL_TIME.fullmatch(wall):
         _fail("bad_time", number, "wall_time is not RFC 3339 UTC with microseconds")
     mono = event["monotonic"]
-    if isinstance(mono, bool) or not isinstance(mono, (int, float)):
+    if type(mono) is not float and type(mono) is not int:
         _fail("bad_time", number, "monotonic is not a number")
-    if not isinstance(event["data"], dict):
+    if type(event["data"]) is not dict:
         _fail("bad_data", number, "data is not an object")
-    for key in ("prev_hash", "hash"):
-        value = event[key]
-        if not isinstance(value, str) or not _HEX64.fullmatch(value):
-            _fail("bad_hash", number, f"{key} is not 64 lowercase hex digits")
+    prev = event["prev_hash"]
+    if prev != head and (type(prev) is not str or not _HEX64.fullmatch(prev)):
+        _fail("bad_hash", number, "prev_hash is not 64 lowercase hex digits")
+    digest = event["hash"]
+    if type(digest) is not str or len(digest) != 64:
+        _fail("bad_hash", number, "hash is not 64 lowercase hex digits")
 
 
 def _body_hash(raw: bytes, digest: str) -> str:
@@ -197,60 +221,203 @@ def _body_hash(raw: bytes, digest: str) -> str:
     it has a checked format that cannot contain the text searched for, so the last occurrence is
     the member itself and removing it leaves exactly the canonical body.
     """
-    member = b'"hash":"' + digest.encode() + b'",'
-    cut = raw.rfind(member)
-    if cut < 0:  # pragma: no cover - a canonical line always holds its hash member
+    cut = raw.rfind(b'"hash":"')
+    end = cut + 74  # '"hash":"' + 64 hex digits + '",'
+    if cut < 0 or raw[cut + 8 : end - 2] != digest.encode():  # pragma: no cover - canonical lines hold it
         return ""
-    return hashlib.sha256(raw[:cut] + raw[cut + len(member) :]).hexdigest()
+    view = memoryview(raw)
+    body = hashlib.sha256(view[:cut])
+    body.update(view[end:])
+    return body.hexdigest()
+
+
+def _hash_fault(number: int, digest: str) -> tuple[int, int, str, str]:
+    if not _HEX64.fullmatch(digest):
+        return (number, _RANK_HASH, "bad_hash", "hash is not 64 lowercase hex digits")
+    return (number, _RANK_HASH, "bad_hash", "hash does not match the event's content")
+
+
+# -- verification in two phases ------------------------------------------------------------------
+#
+# A stream is verified as chunks of consecutive lines, each checked on its own (possibly in another
+# process), then linked in order. Within a line the checks run in a fixed order, ranked below; a
+# chunk cannot check what depends on lines before it (the first line's prev_hash, and each
+# producer's first producer_sequence and monotonic time in the chunk), so it reports those and
+# the link phase checks them. The first fault is the one with the smallest (line, rank): exactly
+# the fault a single pass over the whole stream reports, however the stream was cut.
+
+_RANK_LINE, _RANK_SEQ, _RANK_PSEQ, _RANK_LINK, _RANK_HASH, _RANK_TIME, _RANK_FIRST = range(7)
+_PRODUCER_SET = frozenset(PRODUCERS)
+
+
+@attrs.frozen
+class ChunkReport:
+    """What checking a chunk of lines found; plain data, so it can cross a process boundary."""
+
+    first_line: int
+    lines: int
+    first_prev_hash: str
+    last_hash: str
+    #: producer -> (line, producer_sequence, monotonic) of its first event in the chunk
+    first_of: dict[str, tuple[int, int, float]]
+    #: producer -> (events, last monotonic) in the chunk
+    counts: dict[str, tuple[int, float]]
+    kinds: dict[str, int]
+    first_wall_time: str
+    last_wall_time: str
+    #: the run_started event's data, if the chunk holds line 1
+    run_started: dict[str, Any] | None
+    eval_results: dict[str, dict[str, Any]]
+    #: the chunk's first fault: (line, rank, reason, message); lines after it were not checked
+    fault: tuple[int, int, str, str] | None
+
+
+def check_chunk(chunk: bytes, first_line: int = 1) -> ChunkReport:
+    """Check consecutive complete lines (each ending in a newline) that start at ``first_line``."""
+    if chunk and not chunk.endswith(b"\n"):
+        raise ValueError("a chunk ends at a newline")
+    lines = chunk.split(b"\n")[:-1] if chunk else []
+    first_of: dict[str, tuple[int, int, float]] = {}
+    counts: dict[str, tuple[int, float]] = {}
+    kinds: dict[str, int] = {}
+    eval_results: dict[str, dict[str, Any]] = {}
+    run_started: dict[str, Any] | None = None
+    first_prev = head = ""
+    first_wall = last_wall = ""
+    fault: tuple[int, int, str, str] | None = None
+    number = first_line - 1
+    checked = 0
+    try:
+        for raw in lines:
+            number += 1
+            event = _parse_line(raw, number)
+            _check_fields(number, event, head)
+            if event["seq"] != number - 1:
+                fault = (number, _RANK_SEQ, "bad_sequence", f"seq is {event['seq']}, expected {number - 1}")
+                break
+            producer = event["producer"]
+            seen = counts.get(producer)
+            monotonic = event["monotonic"]
+            if seen is None:
+                first_of[producer] = (number, event["producer_sequence"], monotonic)
+            else:
+                expected = first_of[producer][1] + seen[0]
+                if event["producer_sequence"] != expected:
+                    got = event["producer_sequence"]
+                    message = f"{producer} producer_sequence is {got}, expected {expected}"
+                    fault = (number, _RANK_PSEQ, "bad_sequence", message)
+                    break
+            digest = event["hash"]
+            if checked == 0:
+                first_prev, first_wall = event["prev_hash"], event["wall_time"]
+            elif event["prev_hash"] != head:
+                fault = (number, _RANK_LINK, "broken_link", "prev_hash does not match the previous event's hash")
+                break
+            if _body_hash(raw, digest) != digest:
+                fault = _hash_fault(number, digest)
+                break
+            if seen is not None and monotonic < seen[1]:
+                fault = (number, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards")
+                break
+            kind = event["kind"]
+            if number == 1:
+                nonce = event["data"].get("nonce")
+                if producer != "trusted_harness" or kind != "run_started":
+                    message = "the first event must be trusted_harness run_started"
+                    fault = (number, _RANK_FIRST, "bad_first_event", message)
+                    break
+                if nonce is not None and not isinstance(nonce, str):
+                    fault = (number, _RANK_FIRST, "bad_first_event", "nonce must be a string or null")
+                    break
+                run_started = event["data"]
+            if kind == "eval_result" and producer == "trusted_evaluator":
+                session = event["data"].get("session_id")
+                if isinstance(session, str):
+                    eval_results[session] = event["data"]
+            counts[producer] = (1 if seen is None else seen[0] + 1, monotonic)
+            kinds[kind] = kinds.get(kind, 0) + 1
+            head = digest
+            last_wall = event["wall_time"]
+            checked += 1
+    except ChainError as exc:
+        fault = (exc.line, _RANK_LINE, exc.reason, exc.detail)
+    return ChunkReport(
+        first_line, checked, first_prev, head, first_of, counts, kinds, first_wall, last_wall, run_started,
+        eval_results, fault,
+    )  # fmt: skip
+
+
+def split_chunks(stream: bytes, parts: int) -> list[tuple[bytes, int]]:
+    """Cut a stream at newlines into at most ``parts`` chunks of similar size, with first line numbers."""
+    if stream and not stream.endswith(b"\n"):
+        raise ChainError("truncated", stream.count(b"\n") + 1, "the last line has no newline: truncated stream")
+    chunks: list[tuple[bytes, int]] = []
+    start, line = 0, 1
+    for i in range(1, max(1, parts) + 1):
+        target = len(stream) * i // max(1, parts)
+        end = len(stream) if i == parts else stream.find(b"\n", max(start, target - 1)) + 1
+        if end <= start:
+            continue
+        piece = stream[start:end]
+        chunks.append((piece, line))
+        line += piece.count(b"\n")
+        start = end
+    return chunks
+
+
+def link_chunks(
+    reports: list[ChunkReport], *, expected_nonce: str | None = None, check_nonce: bool = False
+) -> ChainSummary:
+    """Phase two: the checks that cross chunk borders, then the summary. Reports in stream order."""
+    head, total = GENESIS, 0
+    per_producer: dict[str, int] = {}
+    last_monotonic: dict[str, float] = {}
+    kinds: dict[str, int] = {}
+    eval_results: dict[str, dict[str, Any]] = {}
+    run_started: dict[str, Any] | None = None
+    first = last = ""
+    for report in reports:
+        if report.first_line != total + 1:
+            raise ValueError("chunk reports are not consecutive")
+        faults = [report.fault] if report.fault is not None else []
+        if report.lines and report.first_prev_hash != head:
+            message = "prev_hash does not match the previous event's hash"
+            faults.append((report.first_line, _RANK_LINK, "broken_link", message))
+        for producer, (line, sequence, monotonic) in report.first_of.items():
+            expected = per_producer.get(producer, 0)
+            if sequence != expected:
+                message = f"{producer} producer_sequence is {sequence}, expected {expected}"
+                faults.append((line, _RANK_PSEQ, "bad_sequence", message))
+            elif producer in last_monotonic and monotonic < last_monotonic[producer]:
+                faults.append((line, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards"))
+        if faults:
+            line, _rank, reason, message = min(faults, key=lambda f: (f[0], f[1]))
+            raise ChainError(reason, line, message)
+        if report.lines:
+            head = report.last_hash
+            first = first or report.first_wall_time
+            last = report.last_wall_time
+        for producer, (count, monotonic) in report.counts.items():
+            per_producer[producer] = per_producer.get(producer, 0) + count
+            last_monotonic[producer] = monotonic
+        for kind, count in report.kinds.items():
+            kinds[kind] = kinds.get(kind, 0) + count
+        eval_results.update(report.eval_results)
+        if report.run_started is not None:
+            run_started = report.run_started
+        total += report.lines
+    if total == 0:
+        raise ChainError("empty", 0, "the trajectory has no events")
+    nonce = run_started.get("nonce") if run_started is not None else None
+    if check_nonce and nonce != expected_nonce:
+        raise ChainError("nonce_mismatch", 1, "the first event does not bind the challenge nonce")
+    run_id = run_started.get("run_id") if run_started is not None else None
+    return ChainSummary(
+        head, total, nonce, per_producer, kinds, first, last, run_id if isinstance(run_id, str) else None, eval_results
+    )
 
 
 def verify_chain(stream: bytes, *, expected_nonce: str | None = None, check_nonce: bool = False) -> ChainSummary:
     """Check every line, link and counter of a stream; return its summary or raise ChainError."""
-    head, seq = GENESIS, 0
-    per_producer: dict[str, int] = {}
-    kinds: dict[str, int] = {}
-    nonce: str | None = None
-    first = last = ""
-    run_id: Any = None
-    eval_results: dict[str, dict[str, Any]] = {}
-    last_monotonic: dict[str, float] = {}
-    for number, raw, event in iter_lines(stream):
-        _check_fields(number, event)
-        if event["seq"] != seq:
-            raise ChainError("bad_sequence", number, f"seq is {event['seq']}, expected {seq}")
-        producer = event["producer"]
-        expected = per_producer.get(producer, 0)
-        if event["producer_sequence"] != expected:
-            got = event["producer_sequence"]
-            raise ChainError("bad_sequence", number, f"{producer} producer_sequence is {got}, expected {expected}")
-        if event["prev_hash"] != head:
-            raise ChainError("broken_link", number, "prev_hash does not match the previous event's hash")
-        if _body_hash(raw, event["hash"]) != event["hash"]:
-            raise ChainError("bad_hash", number, "hash does not match the event's content")
-        if producer in last_monotonic and event["monotonic"] < last_monotonic[producer]:
-            raise ChainError("bad_time", number, f"{producer}'s monotonic time went backwards")
-        if seq == 0:
-            if producer != "trusted_harness" or event["kind"] != "run_started":
-                raise ChainError("bad_first_event", number, "the first event must be trusted_harness run_started")
-            nonce = event["data"].get("nonce")
-            if nonce is not None and not isinstance(nonce, str):
-                raise ChainError("bad_first_event", number, "nonce must be a string or null")
-            first = event["wall_time"]
-            run_id = event["data"].get("run_id")
-        if producer == "trusted_evaluator" and event["kind"] == "eval_result":
-            session = event["data"].get("session_id")
-            if isinstance(session, str):
-                eval_results[session] = event["data"]
-        last_monotonic[producer] = event["monotonic"]
-        head = event["hash"]
-        seq += 1
-        per_producer[producer] = per_producer.get(producer, 0) + 1
-        kinds[event["kind"]] = kinds.get(event["kind"], 0) + 1
-        last = event["wall_time"]
-    if seq == 0:
-        raise ChainError("empty", 0, "the trajectory has no events")
-    if check_nonce and nonce != expected_nonce:
-        raise ChainError("nonce_mismatch", 1, "the first event does not bind the challenge nonce")
-    return ChainSummary(
-        head, seq, nonce, per_producer, kinds, first, last, run_id if isinstance(run_id, str) else None, eval_results
-    )
+    reports = [check_chunk(chunk, line) for chunk, line in split_chunks(stream, 1)]
+    return link_chunks(reports, expected_nonce=expected_nonce, check_nonce=check_nonce)
