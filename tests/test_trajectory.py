@@ -230,6 +230,10 @@ _MUTATIONS = [
     lambda ev: ev[0].update(producer="untrusted_agent"),
     lambda ev: ev[0]["data"].update(nonce=5),
     lambda ev: ev[9].update(seq=3),
+    lambda ev: ev[5].update(seq=-1),
+    lambda ev: ev[6].update(seq="6"),
+    lambda ev: ev[7].update(kind="Not A Kind", seq=99),
+    lambda ev: [e.update(seq=e["seq"] + 1) for e in ev[4:]],
 ]
 
 
@@ -251,6 +255,9 @@ def test_chunked_verification_gives_the_single_pass_verdict(mutation: int, rehas
     single = _verdict(lambda: verify_chain(stream, **kwargs))
     assert _verdict(lambda: _chunked(stream, [c % max(1, len(stream)) for c in cuts], **kwargs)) == single
     assert _verdict(lambda: link_chunks([check_chunk(c, n) for c, n in split_chunks(stream, 4)], **kwargs)) == single
+    # Chunks that do not know where they start (cut while decompressing): only the first does.
+    unknown = [check_chunk(c, 1 if n == 1 else None) for c, n in split_chunks(stream, 5)]
+    assert _verdict(lambda: link_chunks(unknown, **kwargs)) == single
 
 
 def test_split_chunks_cuts_at_newlines_and_numbers_lines() -> None:
@@ -272,3 +279,28 @@ def test_link_chunks_refuses_reports_out_of_order() -> None:
     reports = [check_chunk(c, n) for c, n in chunks]
     with pytest.raises(ValueError, match="consecutive"):
         link_chunks(reports[::-1])
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'"seq":1,', b'"seq":1.0,'),
+        (b'"producer_sequence":0,', b'"producer_sequence":0.0,'),
+        (b'"monotonic":2,', b'"monotonic":2.0,'),
+        (b'"data":{"i":1}', b'"data":{"i":1.0}'),
+        (b'"data":{"i":1}', b'"data":{"i":1e-6}'),
+        (b'"data":{"i":1}', b'"data":{"i":[0.5,{"j":3.0}]}'),
+        (b'"seq":1,', b'"seq":9007199254740993,'),
+        (b'"seq":1,', b'"seq" :1,'),
+    ],
+)
+def test_numbers_out_of_canonical_form_are_named_so(old: bytes, new: bytes) -> None:
+    stream = _stream(3)
+    first_line_end = stream.index(b"\n") + 1
+    second = stream[first_line_end : stream.index(b"\n", first_line_end) + 1]
+    assert old in second
+    tampered = stream[:first_line_end] + second.replace(old, new, 1) + stream[first_line_end + len(second) :]
+    for check in (lambda: verify_chain(tampered), lambda: _chunked(tampered, [first_line_end + 5])):
+        with pytest.raises(ChainError) as err:
+            check()
+        assert (err.value.reason, err.value.line) == ("not_canonical", 2)

@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 import httpx
 import pyrage
 from ale_verify import __version__, db, openapi, tokens
+from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 from ale_verify.pipeline import ELEVATION_FIELDS, process_upload, site_identity
 from quart import Quart, Response, jsonify, redirect, request, session
@@ -97,6 +98,17 @@ def create_app(settings: Settings) -> Quart:
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax", MAX_CONTENT_LENGTH=None)
     db.migrate(settings.database)
     settings.tmp_dir.mkdir(parents=True, exist_ok=True)
+    workers = ChainWorkers(settings.check_processes) if settings.check_processes > 0 else None
+
+    @app.before_serving
+    async def _start_workers() -> None:
+        if workers is not None:
+            await asyncio.to_thread(workers.warm)
+
+    @app.after_serving
+    async def _stop_workers() -> None:
+        if workers is not None:
+            await asyncio.to_thread(workers.close)
 
     @app.errorhandler(ApiError)
     async def _api_error(exc: ApiError) -> Response:
@@ -206,7 +218,7 @@ def create_app(settings: Settings) -> Quart:
             raise ApiError(400, "empty_upload", "the body must be the bundle's bytes")
         path = await asyncio.to_thread(_spool, settings.tmp_dir, bytes(received))
         del received
-        outcome = await asyncio.to_thread(process_upload, path, settings, signing_key, user_id=user)
+        outcome = await asyncio.to_thread(process_upload, path, settings, signing_key, user_id=user, workers=workers)
         body = {
             "id": outcome.submission_id,
             "status": outcome.status,

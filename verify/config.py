@@ -24,6 +24,12 @@ def _int(env: dict[str, str], name: str, default: int) -> int:
         raise ValueError(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _non_negative(value: int, name: str) -> int:
+    if value < 0:
+        raise ValueError(f"{name} must be 0 or more, got {value}")
+    return value
+
+
 @attrs.frozen(repr=False)
 class Settings:
     database: Path
@@ -37,6 +43,8 @@ class Settings:
     max_files: int = 16
     max_file_bytes: int = 48 * 1024 * 1024
     max_stanzas: int = 8
+    #: worker processes that check trajectories (0: in the server's own process)
+    check_processes: int = 0
     challenge_ttl_s: int = 7 * 24 * 3600
     challenges_per_hour: int = 60
     uploads_per_hour: int = 30
@@ -72,6 +80,9 @@ class Settings:
             max_files=n("ALE_VERIFY_MAX_FILES", 16),
             max_file_bytes=n("ALE_VERIFY_MAX_FILE_BYTES", 48 * 1024 * 1024),
             max_stanzas=n("ALE_VERIFY_MAX_STANZAS", 8),
+            check_processes=_non_negative(
+                n("ALE_VERIFY_CHECK_PROCESSES", len(os.sched_getaffinity(0))), "ALE_VERIFY_CHECK_PROCESSES"
+            ),
             challenge_ttl_s=n("ALE_VERIFY_CHALLENGE_TTL_S", 7 * 24 * 3600),
             challenges_per_hour=n("ALE_VERIFY_CHALLENGES_PER_HOUR", 60),
             uploads_per_hour=n("ALE_VERIFY_UPLOADS_PER_HOUR", 30),

@@ -28,11 +28,13 @@ import logging
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import attrs
 from ale_verify import db, tokens
+from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 
 from ale import catalog
@@ -101,14 +103,14 @@ def step_allowlist(files: dict[str, bytes]) -> None:
     bundle.check_allowlist(files)
 
 
-def step_schemas(files: dict[str, bytes]) -> Documents:
+def step_schemas(files: dict[str, bytes], on_events: Callable[[bytes], None] | None = None) -> Documents:
     try:  # levels are looked for first, so a claim is named for what it is, not as a schema error
         m = json.loads(files["manifest.json"])
     except (ValueError, UnicodeDecodeError):
         m = None
     if isinstance(m, dict):
         _refuse_levels(m)
-    docs = parse_documents(files, validate_document)
+    docs = parse_documents(files, validate_document, on_events)
     _refuse_levels(docs.manifest)
     return docs
 
@@ -233,9 +235,21 @@ def assign_level(summary: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
 # -- the pipeline -------------------------------------------------------------------------------
 
 
-def process_upload(ciphertext_path: Path, settings: Settings, signing_key: bytes, *, user_id: str) -> Outcome:
-    """Run every step on an uploaded file; always deletes it (unless bundles are kept)."""
+def process_upload(
+    ciphertext_path: Path,
+    settings: Settings,
+    signing_key: bytes,
+    *,
+    user_id: str,
+    workers: ChainWorkers | None = None,
+) -> Outcome:
+    """Run every step on an uploaded file; always deletes it (unless bundles are kept).
+
+    With ``workers``, the trajectory's lines are checked on worker processes while step 7 is
+    still decompressing it (same verdict, sooner); step 9 then only links their reports.
+    """
     submission_id = "sub_" + secrets.token_hex(12)
+    job = workers.job() if workers is not None else None
     now = time.time()
     digest = ""
     try:
@@ -248,12 +262,15 @@ def process_upload(ciphertext_path: Path, settings: Settings, signing_key: bytes
             files = step_inspect_tar(tar, settings)  # 5.
             del tar
             step_allowlist(files)  # 6.
-            docs = step_schemas(files)  # 7.
+            docs = step_schemas(files, job.feed if job is not None else None)  # 7.
             challenge = step_challenge(
                 docs, settings, signing_key, user_id=user_id, submission_id=submission_id, now=now
             )  # 8.
             chain = check_chain(
-                docs, expected_nonce=challenge["nonce"] if challenge else None, check_nonce=challenge is not None
+                docs,
+                expected_nonce=challenge["nonce"] if challenge else None,
+                check_nonce=challenge is not None,
+                reports=job.reports if job is not None else None,
             )  # 9.
             root = check_integrity(files, docs, chain)  # 10.
             runner = step_signature(docs, root, settings)
@@ -293,6 +310,8 @@ def process_upload(ciphertext_path: Path, settings: Settings, signing_key: bytes
             shutil.copyfile(ciphertext_path, settings.bundle_dir / f"{submission_id}.ale")
         return outcome
     finally:
+        if job is not None:
+            job.cancel()  # a step before 9 failed: the queued chunks are not needed
         ciphertext_path.unlink(missing_ok=True)  # 15. (the plaintext never touched the disk)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import io
 import re
 import tarfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import attrs
 import pyrage
@@ -123,8 +123,11 @@ def decrypt(ciphertext: bytes, identity: str, limits: Limits) -> bytes:
         raise BundleError("decrypt_failed", f"cannot decrypt with the site key: {exc}") from None
 
 
-def decompress(data: bytes, limits: Limits) -> bytes:
-    """zstd-decompress at most ``max_decompressed`` bytes; a bomb or corrupt frame is refused."""
+def decompress(data: bytes, limits: Limits, on_block: Callable[[bytes], None] | None = None) -> bytes:
+    """zstd-decompress at most ``max_decompressed`` bytes; a bomb or corrupt frame is refused.
+
+    ``on_block`` sees each decompressed block as it comes (within the limit), so work on the
+    stream can start before its end: the caller must drop that work if this raises."""
     dctx = zstandard.ZstdDecompressor()
     out = io.BytesIO()
     try:
@@ -138,6 +141,8 @@ def decompress(data: bytes, limits: Limits) -> bytes:
                         "decompressed_too_large", f"decompresses beyond the limit of {limits.max_decompressed} bytes"
                     )
                 out.write(chunk)
+                if on_block is not None:
+                    on_block(chunk)
     except zstandard.ZstdError as exc:
         raise BundleError("bad_zstd", f"not a valid zstd frame: {exc}") from None
     return out.getvalue()

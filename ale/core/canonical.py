@@ -118,13 +118,15 @@ _ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
 _BAND_LOW, _BAND_HIGH = 1e-7, 1e-5  # where orjson may write an exponent and RFC 8785 does not
 
 
-def _floats_agree(value: Any) -> bool:
-    """True if orjson writes every float in ``value`` as RFC 8785 does (see above)."""
-    stack = [value]
+def floats_agree(values: list[Any] | tuple[Any, ...]) -> bool:
+    """True if orjson writes every float in ``values`` as RFC 8785 does (see above)."""
+    stack: list[Any] = [values]
     while stack:
         item = stack.pop()
-        for child in item.values() if type(item) is dict else item:
+        for child in item.values() if type(item) is dict else item:  # a list or the tuple given
             kind = type(child)
+            if kind is str or kind is int:
+                continue
             if kind is dict or kind is list:
                 stack.append(child)
             elif kind is float and (child.is_integer() or _BAND_LOW <= abs(child) < _BAND_HIGH):
@@ -132,20 +134,31 @@ def _floats_agree(value: Any) -> bool:
     return True
 
 
-def parse_canonical(raw: bytes) -> Any | None:
-    """``raw`` parsed, if it is provably the canonical JSON of what it holds; else None.
+def parse_canonical_span(
+    buffer: bytes, start: int, end: int, *, bmp_only: bool = False, floats: bool = True
+) -> Any | None:
+    """``buffer[start:end]`` parsed, if it is provably the canonical JSON of what it holds; else None.
 
     None means "not proven", not "not canonical": the caller decides with the reference path
-    (:func:`canonical_json` of the strictly parsed value compared with ``raw``), which also names
-    the fault. A value is only returned for bytes that path would accept, and it is the same value.
+    (:func:`canonical_json` of the strictly parsed value compared with the bytes), which also
+    names the fault. A value is only returned for bytes that path would accept, and it is the same
+    value. ``bmp_only`` says the caller knows the span holds no character outside the BMP (an
+    ASCII buffer, say), so it is not searched for one. ``floats=False`` leaves the search for
+    floats orjson writes differently to the caller (:func:`floats_agree` on the parts of the value
+    that may hold floats; the caller must prove the rest holds none).
     """
-    if not raw.isascii() and _NON_BMP.search(raw):
+    if not bmp_only and _NON_BMP.search(buffer, start, end):
         return None
     try:
-        value = orjson.loads(raw)
+        value = orjson.loads(memoryview(buffer)[start:end])
         again = orjson.dumps(value, option=_ORJSON_OPTIONS)
     except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         return None
-    if again != raw or not _floats_agree([value]):
+    if len(again) != end - start or not buffer.startswith(again, start) or (floats and not floats_agree([value])):
         return None
     return value
+
+
+def parse_canonical(raw: bytes) -> Any | None:
+    """``raw`` parsed, if it is provably canonical JSON; else None (see :func:`parse_canonical_span`)."""
+    return parse_canonical_span(raw, 0, len(raw), bmp_only=raw.isascii())

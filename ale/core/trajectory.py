@@ -32,7 +32,14 @@ from typing import Any
 
 import attrs
 
-from ale.core.canonical import CanonicalError, canonical_json, encode_prepared, parse_canonical, prepare
+from ale.core.canonical import (
+    CanonicalError,
+    canonical_json,
+    encode_prepared,
+    floats_agree,
+    parse_canonical_span,
+    prepare,
+)
 
 EVENT_SCHEMA = "ale-trajectory-event/v1"
 GENESIS = "0" * 64
@@ -151,8 +158,20 @@ def _strict_parse(raw: bytes, number: int) -> dict[str, Any]:
 def _parse_line(raw: bytes, number: int) -> dict[str, Any]:
     if len(raw) > MAX_LINE_BYTES:
         raise ChainError("line_too_long", number, f"line of {len(raw)} bytes exceeds {MAX_LINE_BYTES}")
-    event = parse_canonical(raw)
+    event = parse_canonical_span(raw, 0, len(raw), bmp_only=raw.isascii())
     return event if type(event) is dict else _strict_parse(raw, number)
+
+
+def _parse_event(buffer: bytes, start: int, end: int, number: int, ascii: bool) -> dict[str, Any]:
+    """Like :func:`_parse_line` for a line that :func:`_check_fields` checks next."""
+    if end - start > MAX_LINE_BYTES:
+        raise ChainError("line_too_long", number, f"line of {end - start} bytes exceeds {MAX_LINE_BYTES}")
+    event = parse_canonical_span(buffer, start, end, bmp_only=ascii, floats=False)
+    # Floats can only be in monotonic and data: _check_fields proves every other member a string or
+    # an integer (and when it refuses a line, the reference path judges the line's form first).
+    if type(event) is dict and floats_agree((event.get("monotonic"), event.get("data"))):
+        return event
+    return _strict_parse(buffer[start:end], number)
 
 
 def _split(stream: bytes) -> list[bytes]:
@@ -214,20 +233,21 @@ def _check_fields(number: int, event: dict[str, Any], head: str = "") -> None:
         _fail("bad_hash", number, "hash is not 64 lowercase hex digits")
 
 
-def _body_hash(raw: bytes, digest: str) -> str:
+def _body_hash(raw: bytes, digest: str, start: int = 0, end: int | None = None) -> str:
     """SHA-256 of the canonical event without its hash member, cut from the canonical line itself.
 
     In canonical key order ``hash`` follows ``data`` and precedes ``kind``, and every member after
     it has a checked format that cannot contain the text searched for, so the last occurrence is
     the member itself and removing it leaves exactly the canonical body.
     """
-    cut = raw.rfind(b'"hash":"')
-    end = cut + 74  # '"hash":"' + 64 hex digits + '",'
-    if cut < 0 or raw[cut + 8 : end - 2] != digest.encode():  # pragma: no cover - canonical lines hold it
+    stop = len(raw) if end is None else end
+    cut = raw.rfind(b'"hash":"', start, stop)
+    after = cut + 74  # '"hash":"' + 64 hex digits + '",'
+    if cut < 0 or not raw.startswith(digest.encode(), cut + 8):  # pragma: no cover - canonical lines hold it
         return ""
     view = memoryview(raw)
-    body = hashlib.sha256(view[:cut])
-    body.update(view[end:])
+    body = hashlib.sha256(view[start:cut])
+    body.update(view[after:stop])
     return body.hexdigest()
 
 
@@ -252,11 +272,17 @@ _PRODUCER_SET = frozenset(PRODUCERS)
 
 @attrs.frozen
 class ChunkReport:
-    """What checking a chunk of lines found; plain data, so it can cross a process boundary."""
+    """What checking a chunk of lines found; plain data, so it can cross a process boundary.
 
-    first_line: int
+    Line numbers are absolute when the chunk was given its ``first_line``; otherwise they count
+    from 1 within the chunk and the link phase adds the lines before it.
+    """
+
+    first_line: int | None
     lines: int
-    first_prev_hash: str
+    #: the first line's seq and prev_hash, once read (checked by the link phase against what precedes)
+    first_seq: int | None
+    first_prev_hash: str | None
     last_hash: str
     #: producer -> (line, producer_sequence, monotonic) of its first event in the chunk
     first_of: dict[str, tuple[int, int, float]]
@@ -272,28 +298,40 @@ class ChunkReport:
     fault: tuple[int, int, str, str] | None
 
 
-def check_chunk(chunk: bytes, first_line: int = 1) -> ChunkReport:
-    """Check consecutive complete lines (each ending in a newline) that start at ``first_line``."""
+def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
+    """Check consecutive complete lines (each ending in a newline) that start at ``first_line``,
+    or somewhere not yet known (None: a chunk cut from a stream still being decompressed)."""
     if chunk and not chunk.endswith(b"\n"):
         raise ValueError("a chunk ends at a newline")
-    lines = chunk.split(b"\n")[:-1] if chunk else []
+    ascii = chunk.isascii()
     first_of: dict[str, tuple[int, int, float]] = {}
     counts: dict[str, tuple[int, float]] = {}
     kinds: dict[str, int] = {}
     eval_results: dict[str, dict[str, Any]] = {}
     run_started: dict[str, Any] | None = None
-    first_prev = head = ""
+    first_prev: str | None = None
+    head = ""
     first_wall = last_wall = ""
     fault: tuple[int, int, str, str] | None = None
-    number = first_line - 1
+    number = 0 if first_line is None else first_line - 1
+    first_seq: int | None = None
     checked = 0
     try:
-        for raw in lines:
+        start, size = 0, len(chunk)
+        while start < size:
+            end = chunk.find(b"\n", start)
             number += 1
-            event = _parse_line(raw, number)
-            _check_fields(number, event, head)
-            if event["seq"] != number - 1:
-                fault = (number, _RANK_SEQ, "bad_sequence", f"seq is {event['seq']}, expected {number - 1}")
+            event = _parse_event(chunk, start, end, number, ascii)
+            try:
+                _check_fields(number, event, head)
+            except ChainError:
+                _strict_parse(chunk[start:end], number)  # a line out of canonical form is named so first
+                raise
+            if checked == 0 and first_line is None:
+                first_seq = event["seq"]  # where the chunk sits is the link phase's to check
+            elif event["seq"] != (number - 1 if first_seq is None else first_seq + checked):
+                expected_seq = number - 1 if first_seq is None else first_seq + checked
+                fault = (number, _RANK_SEQ, "bad_sequence", f"seq is {event['seq']}, expected {expected_seq}")
                 break
             producer = event["producer"]
             seen = counts.get(producer)
@@ -313,14 +351,14 @@ def check_chunk(chunk: bytes, first_line: int = 1) -> ChunkReport:
             elif event["prev_hash"] != head:
                 fault = (number, _RANK_LINK, "broken_link", "prev_hash does not match the previous event's hash")
                 break
-            if _body_hash(raw, digest) != digest:
+            if _body_hash(chunk, digest, start, end) != digest:
                 fault = _hash_fault(number, digest)
                 break
             if seen is not None and monotonic < seen[1]:
                 fault = (number, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards")
                 break
             kind = event["kind"]
-            if number == 1:
+            if number == 1 and first_line == 1:
                 nonce = event["data"].get("nonce")
                 if producer != "trusted_harness" or kind != "run_started":
                     message = "the first event must be trusted_harness run_started"
@@ -339,10 +377,11 @@ def check_chunk(chunk: bytes, first_line: int = 1) -> ChunkReport:
             head = digest
             last_wall = event["wall_time"]
             checked += 1
+            start = end + 1
     except ChainError as exc:
         fault = (exc.line, _RANK_LINE, exc.reason, exc.detail)
     return ChunkReport(
-        first_line, checked, first_prev, head, first_of, counts, kinds, first_wall, last_wall, run_started,
+        first_line, checked, first_seq, first_prev, head, first_of, counts, kinds, first_wall, last_wall, run_started,
         eval_results, fault,
     )  # fmt: skip
 
@@ -377,13 +416,20 @@ def link_chunks(
     run_started: dict[str, Any] | None = None
     first = last = ""
     for report in reports:
-        if report.first_line != total + 1:
+        offset = 0
+        if report.first_line is None:
+            offset = total
+        elif report.first_line != total + 1:
             raise ValueError("chunk reports are not consecutive")
-        faults = [report.fault] if report.fault is not None else []
-        if report.lines and report.first_prev_hash != head:
+        faults = [] if report.fault is None else [(report.fault[0] + offset, *report.fault[1:])]
+        start = total + 1
+        if report.first_line is None and report.first_seq is not None and report.first_seq != total:
+            faults.append((start, _RANK_SEQ, "bad_sequence", f"seq is {report.first_seq}, expected {total}"))
+        if report.first_prev_hash is not None and report.first_prev_hash != head:
             message = "prev_hash does not match the previous event's hash"
-            faults.append((report.first_line, _RANK_LINK, "broken_link", message))
+            faults.append((start, _RANK_LINK, "broken_link", message))
         for producer, (line, sequence, monotonic) in report.first_of.items():
+            line += offset
             expected = per_producer.get(producer, 0)
             if sequence != expected:
                 message = f"{producer} producer_sequence is {sequence}, expected {expected}"

@@ -37,7 +37,7 @@ from ale.core.results import (
     score_run,
 )
 from ale.core.tasks import TaskSpec
-from ale.core.trajectory import ChainError, ChainSummary, verify_chain
+from ale.core.trajectory import ChainError, ChainSummary, ChunkReport, link_chunks, verify_chain
 
 MAX_EVENTS_BYTES = 256 * 1024 * 1024
 
@@ -73,10 +73,10 @@ def _object(files: Mapping[str, bytes], name: str, schema: str | None) -> dict[s
     return value
 
 
-def _events(raw: bytes) -> bytes:
+def _events(raw: bytes, on_block: Callable[[bytes], None] | None = None) -> bytes:
     """Decompress the trajectory, refusing it as soon as it grows past its limit."""
     try:
-        return bundle.decompress(raw, bundle.Limits(max_decompressed=MAX_EVENTS_BYTES))
+        return bundle.decompress(raw, bundle.Limits(max_decompressed=MAX_EVENTS_BYTES), on_block)
     except bundle.BundleError as exc:
         reason = "too_large" if exc.reason == "decompressed_too_large" else "schema_invalid"
         raise VerificationError(reason, f"events.jsonl.zst: {exc}") from None
@@ -116,9 +116,12 @@ class Documents:
 Validator = Callable[[str, Any], None]
 
 
-def parse_documents(files: Mapping[str, bytes], validate: Validator | None = None) -> Documents:
+def parse_documents(
+    files: Mapping[str, bytes], validate: Validator | None = None, on_events: Callable[[bytes], None] | None = None
+) -> Documents:
     """Step 2: every JSON file parses, is canonical (RFC 8785 plus a newline), and is the document it
-    claims to be; with ``validate(file_name, document)`` (the published JSON Schemas) strictly so."""
+    claims to be; with ``validate(file_name, document)`` (the published JSON Schemas) strictly so.
+    ``on_events`` sees the trajectory's blocks as they are decompressed (see :func:`check_chain`)."""
     for name, data in files.items():
         if name.endswith(".json"):
             doc = _object(files, name, None)
@@ -146,12 +149,27 @@ def parse_documents(files: Mapping[str, bytes], validate: Validator | None = Non
     except ResultInconsistency as exc:
         raise VerificationError("inconsistent_results", str(exc)) from None
     return Documents(manifest, results, claimed, faithfulness, network, artifacts, integrity,
-                     _events(files["events.jsonl.zst"]))  # fmt: skip
+                     _events(files["events.jsonl.zst"], on_events))  # fmt: skip
 
 
-def check_chain(docs: Documents, *, expected_nonce: str | None = None, check_nonce: bool = False) -> ChainSummary:
-    """Hash chains: every link, counter and hash of the trajectory, and the nonce in its first event."""
+def check_chain(
+    docs: Documents,
+    *,
+    expected_nonce: str | None = None,
+    check_nonce: bool = False,
+    reports: Callable[[], list[ChunkReport] | None] | None = None,
+) -> ChainSummary:
+    """Hash chains: every link, counter and hash of the trajectory, and the nonce in its first event.
+
+    ``reports`` gives the trajectory's chunks already checked elsewhere (in order, e.g. by worker
+    processes fed through ``parse_documents(on_events=...)``); only the links between them are
+    checked here. The verdict is the same as one pass over ``docs.events``, which is what happens
+    when ``reports`` is absent or returns None.
+    """
     try:
+        checked = reports() if reports is not None else None
+        if checked is not None:
+            return link_chunks(checked, expected_nonce=expected_nonce, check_nonce=check_nonce)
         return verify_chain(docs.events, expected_nonce=expected_nonce, check_nonce=check_nonce)
     except ChainError as exc:
         raise VerificationError(
