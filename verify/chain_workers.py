@@ -7,8 +7,9 @@ cuts the stream at newlines into chunks of about ``chunk_bytes`` and hands each 
 (:func:`ale.core.trajectory.link_chunks`). The verdict is exactly that of one pass over the whole
 stream (a property the core's tests check for every way of cutting it); only the timing changes.
 
-Anything unusual takes the one-pass path instead: a stream that does not end in a newline (so its
-error names the right line), a broken pool, a worker that raised. The pool is started once, with
+Anything unusual takes the one-pass path instead, over the stream read back from the job's memory
+file: a stream that does not end in a newline (so its error names the right line), a broken pool,
+a worker that raised. The pool is started once, with
 ``forkserver`` (never ``fork``: the server has threads), and restarted if a worker dies.
 """
 
@@ -123,14 +124,15 @@ class ChainJob:
     def _give_up(self, why: str) -> None:
         log.warning("trajectory check falls back to one pass in-process: %s", why)
         self._failed = True
-        self.cancel()
+        for future in self._futures:
+            future.cancel()
         if self._pool is not None:
             self._workers._broken(self._pool)
 
     def feed(self, block: bytes) -> None:
         """The next decompressed block; complete lines go to the workers once a chunk is full."""
-        if self._fd is None or self._failed:
-            return
+        if self._fd is None:
+            raise RuntimeError("the job was cancelled")
         view = memoryview(block)
         while view:
             view = view[os.write(self._fd, view) :]
@@ -138,28 +140,35 @@ class ChainJob:
         if newline >= 0:
             self._last_newline = self._size + newline
         self._size += len(block)
-        if self._last_newline + 1 - self._cut >= self._workers.chunk_bytes:
+        if not self._failed and self._last_newline + 1 - self._cut >= self._workers.chunk_bytes:
             self._submit(self._last_newline + 1)
 
-    def reports(self) -> list[ChunkReport] | None:
-        """The chunks' reports in stream order, or None: check the stream in one pass instead."""
+    def reports(self) -> list[ChunkReport] | bytes:
+        """The chunks' reports in stream order, or the whole stream: check it in one pass instead."""
         try:
-            if self._failed or self._fd is None:
-                return None
-            if self._size != self._last_newline + 1:
-                return None  # truncated (no final newline): the one pass names the line
-            if self._size > self._cut:
-                self._submit(self._size)
-            try:
-                return [future.result() for future in self._futures]
-            except BrokenProcessPool as exc:
-                self._give_up(f"a worker died: {exc}")
-            except Exception as exc:  # a worker's bug must not become the uploader's verdict
-                log.exception("a chain worker failed")
-                self._give_up(f"a worker raised {type(exc).__name__}")
-            return None
+            if self._fd is None:
+                raise RuntimeError("the job was cancelled")
+            if not self._failed and self._size == self._last_newline + 1:  # else truncated: one pass
+                if self._size > self._cut:
+                    self._submit(self._size)
+                try:
+                    if not self._failed:
+                        return [future.result() for future in self._futures]
+                except BrokenProcessPool as exc:
+                    self._give_up(f"a worker died: {exc}")
+                except Exception as exc:  # a worker's bug must not become the uploader's verdict
+                    log.exception("a chain worker failed")
+                    self._give_up(f"a worker raised {type(exc).__name__}")
+            return self._whole()
         finally:
             self.cancel()
+
+    def _whole(self) -> bytes:
+        assert self._fd is not None
+        data = os.pread(self._fd, self._size, 0) if self._size else b""
+        if len(data) != self._size:
+            raise OSError(f"read {len(data)} of {self._size} bytes back from the trajectory's memory file")
+        return data
 
     def cancel(self) -> None:
         """End the job: queued chunks are not checked, the in-memory file is freed (idempotent)."""

@@ -123,24 +123,30 @@ def decrypt(ciphertext: bytes, identity: str, limits: Limits) -> bytes:
         raise BundleError("decrypt_failed", f"cannot decrypt with the site key: {exc}") from None
 
 
-def decompress(data: bytes, limits: Limits, on_block: Callable[[bytes], None] | None = None) -> bytes:
+def decompress(
+    data: bytes, limits: Limits, on_block: Callable[[bytes], None] | None = None, *, keep: bool = True
+) -> bytes:
     """zstd-decompress at most ``max_decompressed`` bytes; a bomb or corrupt frame is refused.
 
     ``on_block`` sees each decompressed block as it comes (within the limit), so work on the
-    stream can start before its end: the caller must drop that work if this raises."""
+    stream can start before its end: the caller must drop that work if this raises. With
+    ``keep=False`` the blocks are only handed on, and the result is empty."""
     dctx = zstandard.ZstdDecompressor()
     out = io.BytesIO()
+    size = 0
     try:
         with dctx.stream_reader(io.BytesIO(data), read_across_frames=False) as reader:
             while True:
                 chunk = reader.read(1 << 20)
                 if not chunk:
                     break
-                if out.tell() + len(chunk) > limits.max_decompressed:
+                size += len(chunk)
+                if size > limits.max_decompressed:
                     raise BundleError(
                         "decompressed_too_large", f"decompresses beyond the limit of {limits.max_decompressed} bytes"
                     )
-                out.write(chunk)
+                if keep:
+                    out.write(chunk)
                 if on_block is not None:
                     on_block(chunk)
     except zstandard.ZstdError as exc:

@@ -76,7 +76,8 @@ def _object(files: Mapping[str, bytes], name: str, schema: str | None) -> dict[s
 def _events(raw: bytes, on_block: Callable[[bytes], None] | None = None) -> bytes:
     """Decompress the trajectory, refusing it as soon as it grows past its limit."""
     try:
-        return bundle.decompress(raw, bundle.Limits(max_decompressed=MAX_EVENTS_BYTES), on_block)
+        limits = bundle.Limits(max_decompressed=MAX_EVENTS_BYTES)
+        return bundle.decompress(raw, limits, on_block, keep=on_block is None)
     except bundle.BundleError as exc:
         reason = "too_large" if exc.reason == "decompressed_too_large" else "schema_invalid"
         raise VerificationError(reason, f"events.jsonl.zst: {exc}") from None
@@ -121,7 +122,8 @@ def parse_documents(
 ) -> Documents:
     """Step 2: every JSON file parses, is canonical (RFC 8785 plus a newline), and is the document it
     claims to be; with ``validate(file_name, document)`` (the published JSON Schemas) strictly so.
-    ``on_events`` sees the trajectory's blocks as they are decompressed (see :func:`check_chain`)."""
+    ``on_events`` takes the trajectory's blocks as they are decompressed, instead of ``events``
+    (which is then empty; see :func:`check_chain`)."""
     for name, data in files.items():
         if name.endswith(".json"):
             doc = _object(files, name, None)
@@ -157,20 +159,20 @@ def check_chain(
     *,
     expected_nonce: str | None = None,
     check_nonce: bool = False,
-    reports: Callable[[], list[ChunkReport] | None] | None = None,
+    reports: Callable[[], list[ChunkReport] | bytes] | None = None,
 ) -> ChainSummary:
     """Hash chains: every link, counter and hash of the trajectory, and the nonce in its first event.
 
-    ``reports`` gives the trajectory's chunks already checked elsewhere (in order, e.g. by worker
-    processes fed through ``parse_documents(on_events=...)``); only the links between them are
-    checked here. The verdict is the same as one pass over ``docs.events``, which is what happens
-    when ``reports`` is absent or returns None.
+    ``reports`` is for a trajectory that went to ``parse_documents(on_events=...)``: it gives the
+    chunks' reports, checked elsewhere (by worker processes, in order), so that only the links
+    between them are checked here; or the whole stream, to check in one pass. The verdict is the
+    same either way.
     """
     try:
-        checked = reports() if reports is not None else None
-        if checked is not None:
-            return link_chunks(checked, expected_nonce=expected_nonce, check_nonce=check_nonce)
-        return verify_chain(docs.events, expected_nonce=expected_nonce, check_nonce=check_nonce)
+        checked = reports() if reports is not None else docs.events
+        if isinstance(checked, bytes):
+            return verify_chain(checked, expected_nonce=expected_nonce, check_nonce=check_nonce)
+        return link_chunks(checked, expected_nonce=expected_nonce, check_nonce=check_nonce)
     except ChainError as exc:
         raise VerificationError(
             "nonce_mismatch" if exc.reason == "nonce_mismatch" else "chain_invalid", f"trajectory: {exc} ({exc.reason})"
