@@ -81,8 +81,8 @@ def decode_tensor(msg: pb.Tensor, *, what: str = "tensor") -> np.ndarray:
         dtype = numpy_dtype(msg.dtype)
     except ProtocolError as exc:
         raise ProtocolError(f"{what}: {exc}") from None
-    shape = tuple(int(d) for d in msg.shape)
-    if any(d < 0 for d in shape):
+    shape = tuple(msg.shape)
+    if shape and min(shape) < 0:
         raise ProtocolError(f"{what}: negative dimension in shape {list(shape)}")
     if len(shape) > 8:
         raise ProtocolError(f"{what}: {len(shape)} dimensions (at most 8)")

@@ -287,6 +287,7 @@ def test_link_chunks_refuses_reports_out_of_order() -> None:
         (b'"seq":1,', b'"seq":1.0,'),
         (b'"producer_sequence":0,', b'"producer_sequence":0.0,'),
         (b'"monotonic":2,', b'"monotonic":2.0,'),
+        (b'"monotonic":2,', b'"monotonic":2e-6,'),
         (b'"data":{"i":1}', b'"data":{"i":1.0}'),
         (b'"data":{"i":1}', b'"data":{"i":1e-6}'),
         (b'"data":{"i":1}', b'"data":{"i":[0.5,{"j":3.0}]}'),
@@ -304,3 +305,14 @@ def test_numbers_out_of_canonical_form_are_named_so(old: bytes, new: bytes) -> N
         with pytest.raises(ChainError) as err:
             check()
         assert (err.value.reason, err.value.line) == ("not_canonical", 2)
+
+
+@pytest.mark.parametrize("value", [1e-6, 2.5e-6, 1e-7, 1e-5, 5e-324, 1.0, 3.0, 1e21, 0.1])
+def test_floats_written_unlike_orjson_still_verify(value: float) -> None:
+    """The reference path takes over where the fast one cannot vouch: valid chains stay valid."""
+    chain = ChainBuilder()
+    lines = [chain.append("trusted_harness", "run_started", {"nonce": None}, wall_time=T0, monotonic=value)[1]]
+    lines.append(chain.append("untrusted_agent", "note", {"x": value, "y": [value]}, wall_time=T0, monotonic=value)[1])
+    stream = b"".join(lines)
+    assert verify_chain(stream).events == 2
+    assert _chunked(stream, [len(lines[0]) + 3]).events == 2

@@ -115,7 +115,8 @@ def canonical_json(value: Any) -> bytes:
 
 _NON_BMP = re.compile(rb"[\xf0-\xf4]")
 _ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
-_BAND_LOW, _BAND_HIGH = 1e-7, 1e-5  # where orjson may write an exponent and RFC 8785 does not
+#: magnitudes where orjson may write an exponent and RFC 8785 does not (a decade wider than seen)
+ORJSON_EXPONENT_BAND = _BAND_LOW, _BAND_HIGH = 1e-7, 1e-5
 
 
 def floats_agree(values: list[Any] | tuple[Any, ...]) -> bool:

@@ -33,6 +33,7 @@ from typing import Any
 import attrs
 
 from ale.core.canonical import (
+    ORJSON_EXPONENT_BAND,
     CanonicalError,
     canonical_json,
     encode_prepared,
@@ -169,8 +170,15 @@ def _parse_event(buffer: bytes, start: int, end: int, number: int, ascii: bool) 
     event = parse_canonical_span(buffer, start, end, bmp_only=ascii, floats=False)
     # Floats can only be in monotonic and data: _check_fields proves every other member a string or
     # an integer (and when it refuses a line, the reference path judges the line's form first).
-    if type(event) is dict and floats_agree((event.get("monotonic"), event.get("data"))):
-        return event
+    if type(event) is dict:
+        monotonic, data = event.get("monotonic"), event.get("data")
+        low, high = ORJSON_EXPONENT_BAND
+        if type(monotonic) is float and (monotonic.is_integer() or low <= abs(monotonic) < high):
+            pass
+        elif type(data) is dict and all(type(v) is str for v in data.values()):
+            return event  # the common case (stdout, notes), without the general walk
+        elif floats_agree((data,)):
+            return event
     return _strict_parse(buffer[start:end], number)
 
 
