@@ -20,7 +20,11 @@ import numpy as np
 
 @attrs.define
 class EpisodeMeter:
-    """Accumulates one episode of one environment copy."""
+    """Accumulates one episode of one environment copy.
+
+    ``env`` is the copy it was made for and ``raw`` that copy's unwrapped simulator, looked up
+    once per episode instead of on every step; ``probe`` is what the domain precomputed from it.
+    """
 
     domain: Domain
     start: dict[str, float]
@@ -29,19 +33,23 @@ class EpisodeMeter:
     safety_counts: dict[str, int] = attrs.Factory(dict)
     terminated: bool = False
     truncated: bool = False
-
-    @property
-    def done(self) -> bool:
-        return self.terminated or self.truncated
+    done: bool = False  # terminated or truncated
+    env: Any = None
+    raw: Any = None
+    probe: Any = None
 
     def record_step(self, env: gym.Env, reward: float, terminated: bool, truncated: bool) -> int:
         """Account for one step; return the number of safety events it caused."""
         self.episode_return += float(reward)
         self.length += 1
         self.terminated, self.truncated = bool(terminated), bool(truncated)
-        events = self.domain.step_events(env.unwrapped, terminated)
+        self.done = self.terminated or self.truncated
+        raw = self.raw if env is self.env else env.unwrapped
+        counts = self.domain.step_events(raw, self.terminated, self.probe)
+        if not any(counts):
+            return 0
         cost = 0
-        for name, count in events.items():
+        for name, count in zip(self.domain.safety_metrics, counts, strict=True):
             if count:
                 self.safety_counts[name] += count
                 cost += count
@@ -56,25 +64,33 @@ class EpisodeMeter:
 class Domain:
     """A task's domain metric.
 
-    ``step_events(env, terminated)`` counts safety events after a step from the
-    simulator state; ``episode_value(meter, env)`` gives the finished episode's
-    headline value and success; ``on_reset(env)`` captures what an episode's
-    value is measured from (e.g. the start position).
+    ``step_events(env, terminated, probe)`` counts safety events after a step from
+    the simulator state, one count per safety metric in ``safety_metrics`` order
+    (it runs on every step, so it returns a tuple, not a dict); ``probe(env)``
+    precomputes, once per episode, what ``step_events`` reads (e.g. joint
+    limits); ``episode_value(meter, env)`` gives the finished episode's headline
+    value and success; ``on_reset(env)`` captures what an episode's value is
+    measured from (e.g. the start position).
     """
 
     name: str
     headline_metric: str
     safety_metrics: tuple[str, ...]
     worst: float
-    step_events: Callable[[Any, bool], dict[str, int]]
+    step_events: Callable[[Any, bool, Any], tuple[int, ...]]
     episode_value: Callable[[EpisodeMeter, Any], tuple[float, bool]]
     on_reset: Callable[[Any], dict[str, float]] = lambda env: {}
+    probe: Callable[[Any], Any] = lambda env: None
 
     def meter(self, env: gym.Env) -> EpisodeMeter:
+        raw = env.unwrapped
         return EpisodeMeter(
             domain=self,
-            start=self.on_reset(env.unwrapped),
+            start=self.on_reset(raw),
             safety_counts=dict.fromkeys(self.safety_metrics, 0),
+            env=env,
+            raw=raw,
+            probe=self.probe(raw),
         )
 
 
@@ -86,9 +102,9 @@ class Domain:
 CARTPOLE_EDGE = 1.5
 
 
-def _cartpole_events(env: Any, terminated: bool) -> dict[str, int]:
+def _cartpole_events(env: Any, terminated: bool, probe: Any) -> tuple[int, int]:
     x = float(env.state[0])
-    return {"falls": int(terminated), "track_edge_steps": int(abs(x) > CARTPOLE_EDGE)}
+    return int(terminated), int(abs(x) > CARTPOLE_EDGE)  # falls, track_edge_steps
 
 
 def _cartpole_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
@@ -103,9 +119,9 @@ def _cartpole_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
 RAIL_LIMIT = 0.5
 
 
-def _pendulum_events(env: Any, terminated: bool) -> dict[str, int]:
+def _pendulum_events(env: Any, terminated: bool, probe: Any) -> tuple[int, int]:
     slider = float(env.data.qpos[0])
-    return {"falls": int(terminated), "rail_limit_steps": int(abs(slider) > RAIL_LIMIT)}
+    return int(terminated), int(abs(slider) > RAIL_LIMIT)  # falls, rail_limit_steps
 
 
 def _pendulum_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
@@ -127,9 +143,9 @@ def _fingertip_distance(env: Any) -> float:
     return float(np.linalg.norm(env.get_body_com("fingertip") - env.get_body_com("target")))
 
 
-def _reacher_events(env: Any, terminated: bool) -> dict[str, int]:
+def _reacher_events(env: Any, terminated: bool, probe: Any) -> tuple[int]:
     speed = float(np.max(np.abs(env.data.qvel[:2])))
-    return {"joint_speed_violations": int(speed > JOINT_SPEED_LIMIT)}
+    return (int(speed > JOINT_SPEED_LIMIT),)  # joint_speed_violations
 
 
 def _reacher_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
@@ -154,17 +170,29 @@ def _hopper_reset(env: Any) -> dict[str, float]:
     return {"x": float(env.data.qpos[0])}
 
 
-def _hopper_events(env: Any, terminated: bool) -> dict[str, int]:
-    model, data = env.model, env.data
+def _hopper_hinges(env: Any) -> list[tuple[int, float, float]]:
+    """(qpos address, lowest allowed, highest allowed) of each limited hinge, read once per episode."""
+    model = env.model
+    return [
+        (
+            int(model.jnt_qposadr[j]),
+            float(model.jnt_range[j][0] - JOINT_LIMIT_MARGIN),
+            float(model.jnt_range[j][1] + JOINT_LIMIT_MARGIN),
+        )
+        for j in range(model.njnt)
+        if model.jnt_limited[j] and model.jnt_type[j] == 3  # mjJNT_HINGE
+    ]
+
+
+def _hopper_events(env: Any, terminated: bool, hinges: list[tuple[int, float, float]]) -> tuple[int, int]:
+    qpos = env.data.qpos
     hit = 0
-    for j in range(model.njnt):
-        if model.jnt_limited[j] and model.jnt_type[j] == 3:  # mjJNT_HINGE
-            q = float(data.qpos[model.jnt_qposadr[j]])
-            lo, hi = model.jnt_range[j]
-            if q < lo - JOINT_LIMIT_MARGIN or q > hi + JOINT_LIMIT_MARGIN:
-                hit = 1
-                break
-    return {"falls": int(terminated), "joint_limit_steps": hit}
+    for adr, lo, hi in hinges:
+        q = float(qpos[adr])
+        if q < lo or q > hi:
+            hit = 1
+            break
+    return int(terminated), hit  # falls, joint_limit_steps
 
 
 def _hopper_value(m: EpisodeMeter, env: Any) -> tuple[float, bool]:
@@ -200,6 +228,7 @@ DOMAINS: dict[str, Domain] = {
             _hopper_events,
             _hopper_value,
             _hopper_reset,
+            _hopper_hinges,
         ),
     )
 }

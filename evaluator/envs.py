@@ -49,7 +49,8 @@ def check_actions(space: gym.Space, num_envs: int, action: np.ndarray) -> np.nda
         if action.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
             raise invalid(f"action dtype is {action.dtype}; a Discrete action space takes int32 or int64")
         lo, hi = int(space.start), int(space.start + space.n)
-        if action.size and (int(action.min()) < lo or int(action.max()) >= hi):
+        values = action.tolist()  # min/max of a short list beat numpy's reductions
+        if values and (min(values) < lo or max(values) >= hi):
             raise invalid(f"discrete action out of range [{lo}, {hi})")
         return action.astype(np.int64, copy=False)
     raise invalid(f"unsupported action space {space}")  # pragma: no cover - tasks use Box or Discrete
@@ -119,31 +120,39 @@ class EnvGroup:
             if meter.done:
                 raise precondition(f"copy {i}: the episode has ended; call Reset (autoreset is disabled)")
         actions = check_actions(self.action_space, self.num_envs, action)
-        k = self.num_envs
+        # Each copy gets its element (a numpy int64 for Discrete) or its row (Box) of the batch,
+        # as gymnasium's SyncVectorEnv hands them out.
+        acts = list(actions)
+        envs, meters, domain = self.envs, self.meters, self.domain
         obs = self._obs_batch()
-        reward = np.zeros(k, dtype=np.float64)
-        terminated = np.zeros(k, dtype=bool)
-        truncated = np.zeros(k, dtype=bool)
-        cost = np.zeros(k, dtype=np.int64)
-        same_step = self.autoreset == pb.AUTORESET_MODE_SAME_STEP
-        final = np.zeros_like(obs) if same_step else None
+        final = np.zeros_like(obs) if self.autoreset == pb.AUTORESET_MODE_SAME_STEP else None
+        # Per-copy results are collected in lists and converted once: cheaper than K item writes.
+        rewards, terms, truncs, costs = [], [], [], []
         ended: list[tuple[int, EpisodeMeter]] = []
-        discrete = isinstance(self.action_space, gym.spaces.Discrete)
-        for i, env in enumerate(self.envs):
-            a = int(actions[i]) if discrete else actions[i]
-            o, r, term, trunc, _ = env.step(a)
-            meter = self.meters[i]
+        for i, env in enumerate(envs):
+            o, r, term, trunc, _ = env.step(acts[i])
+            meter = meters[i]
             assert meter is not None
-            cost[i] = meter.record_step(env, float(r), term, trunc)
-            reward[i], terminated[i], truncated[i] = r, term, trunc
-            if term or trunc:
+            costs.append(meter.record_step(env, r, term, trunc))
+            rewards.append(r)
+            terms.append(term)
+            truncs.append(trunc)
+            if meter.done:
                 ended.append((i, meter))
                 if final is not None:
                     final[i] = o
                     o, _ = env.reset()
-                    self.meters[i] = self.domain.meter(env)
+                    meters[i] = domain.meter(env)
             obs[i] = o
-        return StepOutput(obs, reward, terminated, truncated, final, cost), ended
+        out = StepOutput(
+            observation=obs,
+            reward=np.array(rewards, dtype=np.float64),
+            terminated=np.array(terms, dtype=bool),
+            truncated=np.array(truncs, dtype=bool),
+            final_observation=final,
+            cost=np.array(costs, dtype=np.int64),
+        )
+        return out, ended
 
 
 @attrs.define(eq=False)

@@ -31,6 +31,11 @@ class EventLog:
         self._last_flush = time.monotonic()
         self._interval = flush_interval
 
+    @property
+    def enabled(self) -> bool:
+        """False when there is no stream: callers can skip building what would not be written."""
+        return self._stream is not None
+
     def _write(self, record: dict[str, Any]) -> None:
         assert self._stream is not None
         self._seq += 1

@@ -411,7 +411,11 @@ def _ids(request: Message | None) -> dict[str, str]:
 def generic_handler(servicer: AleEnvServicer) -> grpc.GenericRpcHandler:
     """Handlers that parse requests themselves, so undecodable bytes get INVALID_ARGUMENT."""
 
+    events = servicer.state.events
+
     def wrap(name: str, req_cls: type[Message], fn: Callable[[Any], Message]) -> grpc.RpcMethodHandler:
+        summarise = name in SUMMARISED
+
         def handler(raw: bytes, context: grpc.ServicerContext) -> bytes:
             started = time.perf_counter()
             request: Message | None = None
@@ -433,16 +437,17 @@ def generic_handler(servicer: AleEnvServicer) -> grpc.GenericRpcHandler:
                     grpc.StatusCode.INTERNAL,
                     f"internal evaluator error in {name}; see the evaluator log",
                 )
-            steps = reply.reward.shape[0] if isinstance(reply, pb.StepResponse) and reply.reward.shape else 0
-            servicer.state.events.rpc(
-                servicer.role,
-                name,
-                code.name,
-                summarise=name in SUMMARISED,
-                duration_s=time.perf_counter() - started,
-                env_steps=steps,
-                **_ids(request),
-            )
+            if events.enabled:
+                steps = reply.reward.shape[0] if isinstance(reply, pb.StepResponse) and reply.reward.shape else 0
+                events.rpc(
+                    servicer.role,
+                    name,
+                    code.name,
+                    summarise=summarise,
+                    duration_s=time.perf_counter() - started,
+                    env_steps=steps,
+                    **_ids(request),
+                )
             if code is not grpc.StatusCode.OK or reply is None:
                 context.abort(code, message)
             return reply.SerializeToString()
