@@ -217,6 +217,17 @@ def _chunked(stream: bytes, cuts: list[int], **kwargs: object) -> ChainSummary:
     return link_chunks(pieces, **kwargs)  # type: ignore[arg-type]
 
 
+def _break_link(events: list[dict], index: int, prev: str = "a" * 64) -> None:
+    """A wrong prev_hash at ``index`` with every hash (and every later link) recomputed: only the
+    link check (or for a malformed one, the field check) can see it."""
+    events[index]["prev_hash"] = prev
+    for i in range(index, len(events)):
+        if i > index:
+            events[i]["prev_hash"] = events[i - 1]["hash"]
+        body = {k: v for k, v in events[i].items() if k != "hash"}
+        events[i]["hash"] = hashlib.sha256(canonical_json(body)).hexdigest()
+
+
 _MUTATIONS = [
     lambda ev: None,
     lambda ev: ev[3]["data"].update(i=99),
@@ -234,6 +245,11 @@ _MUTATIONS = [
     lambda ev: ev[6].update(seq="6"),
     lambda ev: ev[7].update(kind="Not A Kind", seq=99),
     lambda ev: [e.update(seq=e["seq"] + 1) for e in ev[4:]],
+    lambda ev: _break_link(ev, 4),
+    lambda ev: _break_link(ev, 0),
+    lambda ev: _break_link(ev, 5, "XYZ"),
+    lambda ev: ev[6]["data"].update(session_id="s", x=[1.5, 2.5e-6]),
+    lambda ev: ev[3].update(kind="eval_result", producer="trusted_evaluator"),
 ]
 
 
@@ -316,3 +332,14 @@ def test_floats_written_unlike_orjson_still_verify(value: float) -> None:
     stream = b"".join(lines)
     assert verify_chain(stream).events == 2
     assert _chunked(stream, [len(lines[0]) + 3]).events == 2
+
+
+@pytest.mark.parametrize("index", [0, 1, 4, 11])
+def test_a_broken_link_with_every_hash_recomputed_is_found(index: int) -> None:
+    events = _events(_stream(12))
+    _break_link(events, index)
+    stream = _encode(events)
+    for check in (lambda: verify_chain(stream), lambda: _chunked(stream, [len(stream) // 3, len(stream) // 2])):
+        with pytest.raises(ChainError) as err:
+            check()
+        assert (err.value.reason, err.value.line) == ("broken_link", index + 1)
