@@ -94,6 +94,27 @@ class Policy:
     weights: tuple[tuple[np.ndarray, np.ndarray, str], ...]
     mean: np.ndarray | None
     std: np.ndarray | None
+    # What every forward pass needs, looked up once: (W.T, b, activation) per layer, the
+    # normalizer's (mean, std, clip) or None, the output kind and squash. The same operations
+    # on the same arrays as spelling them out per call, so the results are identical.
+    _layers: tuple[tuple[np.ndarray, np.ndarray, str], ...] = attrs.field(init=False, repr=False)
+    _normalizer: tuple[np.ndarray, np.ndarray, float] | None = attrs.field(init=False, repr=False)
+    _discrete: bool = attrs.field(init=False, repr=False)
+    _tanh: bool = attrs.field(init=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        setattr_ = object.__setattr__  # the class is frozen
+        setattr_(self, "_layers", tuple((w.T, b, act) for w, b, act in self.weights))
+        norm = self.architecture.normalizer
+        setattr_(
+            self,
+            "_normalizer",
+            (self.mean, self.std, norm.clip)
+            if norm is not None and self.mean is not None and self.std is not None
+            else None,
+        )
+        setattr_(self, "_discrete", self.architecture.output.kind == "discrete")
+        setattr_(self, "_tanh", self.architecture.output.squash == "tanh")
 
     @property
     def output_dim(self) -> int:
@@ -105,11 +126,13 @@ class Policy:
             return self._forward(np.asarray(obs, dtype=np.float64))
 
     def _forward(self, x: np.ndarray) -> np.ndarray:
-        if self.mean is not None and self.std is not None and self.architecture.normalizer is not None:
-            c = self.architecture.normalizer.clip
-            x = np.clip((x - self.mean) / self.std, -c, c)
-        for w, b, act in self.weights:
-            x = _activate(x @ w.T + b, act)
+        if self._normalizer is not None:
+            mean, std, c = self._normalizer
+            x = np.clip((x - mean) / std, -c, c)
+        for wt, b, act in self._layers:
+            x = x @ wt + b
+            if act != "identity":
+                x = _activate(x, act)
         return x
 
     def act(
@@ -117,12 +140,11 @@ class Policy:
     ) -> np.ndarray:
         """Actions for a batch of observations; ``low``/``high`` bound box outputs."""
         y = self.forward(obs)
-        out = self.architecture.output
-        if out.kind == "discrete":
-            return np.asarray(np.argmax(y, axis=-1) + start, dtype=np.int64)
+        if self._discrete:
+            return np.asarray(y.argmax(axis=-1) + start, dtype=np.int64)
         if low is None or high is None:
             raise PolicyError("a box policy needs the action bounds")
-        if out.squash == "tanh":
+        if self._tanh:
             with np.errstate(all="ignore"):
                 return np.asarray(low + (np.tanh(y) + 1.0) / 2.0 * (high - low))
         return np.asarray(np.clip(y, low, high))

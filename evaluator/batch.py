@@ -116,16 +116,20 @@ class BatchJob:
         low = None if discrete else space.low.astype(np.float64)
         high = None if discrete else space.high.astype(np.float64)
         start = int(space.start) if discrete else 0
+        dtype = space.dtype
+        # Looked up once per episode: this loop runs once per environment step.
+        act, step, record, cancelled = self.policy.act, env.step, meter.record_step, self.cancel.is_set
         while not meter.done:
-            if self.cancel.is_set():
+            if cancelled():
                 return episodes.aborted(index, commit, self.domain, "session_closed", meter)
-            action = self.policy.act(obs[None, :], low, high, start)[0]
+            action = act(obs[None, :], low, high, start)[0]
             if not discrete:
-                if not np.all(np.isfinite(action)):
+                if not np.isfinite(action).all():
                     return episodes.aborted(index, commit, self.domain, "policy_error", meter)
-                action = action.astype(space.dtype)
-            obs, reward, terminated, truncated, _ = env.step(int(action) if discrete else action)
-            meter.record_step(env, float(reward), terminated, truncated)
+                action = action.astype(dtype)
+            # A Discrete action stays a numpy int64, as a vector env hands it to its copies.
+            obs, reward, terminated, truncated, _ = step(action)
+            record(env, reward, terminated, truncated)
         value, success = meter.outcome(env)
         return episodes.finished(index, commit, meter, value, success)
 
