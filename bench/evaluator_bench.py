@@ -8,8 +8,9 @@ For each task it measures, in one run and interleaved over several rounds:
    separate process (Step latency p50/p99 and steps/s); ``AleEnvClient.step`` as a diagnostic;
 3. vectorised K=64: ``RemoteVectorEnv`` against ``gymnasium.vector.SyncVectorEnv`` of 64 ``make_env``
    copies with SAME_STEP autoreset (env-steps/s = K x calls/s);
-4. batch evaluation: ``SubmitBatchEval`` (non-official, agent endpoint) of a linear policy, polled with
-   ``GetBatchEvalStatus`` until DONE, against the same policy rolled out in-process on the same seeds;
+4. batch evaluation: ``SubmitBatchEval`` (non-official, agent endpoint) of a linear policy, waited for with
+   ``GetBatchEvalStatus(wait_ms)`` (or polled, ``--poll-interval``) until DONE, against the same policy rolled
+   out in-process on the same seeds;
 5. the floor: a raw AF_UNIX ping-pong between two Python processes with Step-sized messages.
 
 Run ``python bench/evaluator_bench.py`` (about 2 minutes) or ``--quick`` (a smoke run, under 20 s).
@@ -425,8 +426,17 @@ def batch_in_process(task: Any, raw: bytes, episodes: int, seed: int, *, meter: 
     }
 
 
+#: wait_ms of a long-polling GetBatchEvalStatus: the protocol's limit.
+WAIT_MS = 10_000
+
+
 def batch_remote(client: Any, raw: bytes, episodes: int, seed: int, poll: float, server: Evaluator) -> dict[str, Any]:
-    """SubmitBatchEval, then GetBatchEvalStatus every ``poll`` seconds until DONE."""
+    """SubmitBatchEval, then GetBatchEvalStatus until DONE.
+
+    With ``poll`` 0 each status call carries ``wait_ms``, so the evaluator answers the moment the
+    job finishes (the protocol's way to wait); with ``poll`` > 0 it is polled every ``poll`` seconds
+    without ``wait_ms`` instead.
+    """
     from ale.env.v1 import env_pb2 as pb
 
     srv0 = server.cpu_seconds()
@@ -434,7 +444,7 @@ def batch_remote(client: Any, raw: bytes, episodes: int, seed: int, poll: float,
     submitted = client.submit_batch_eval(raw, num_episodes=episodes, seed=seed)
     polls = 0
     while True:
-        status = client.get_batch_eval_status(submitted.batch_id)
+        status = client.get_batch_eval_status(submitted.batch_id, wait_ms=0 if poll else WAIT_MS)
         polls += 1
         if status.state == pb.BATCH_STATE_DONE:
             break
@@ -715,6 +725,10 @@ def _row(label: str, local: str = "", remote: str = "", rat: str = "", note: str
     return f"  {label:<34}{local:>14}{remote:>18}{rat:>8}   {note}".rstrip()
 
 
+def _waiting(poll: float) -> str:
+    return f"poll {poll * 1000:.0f} ms" if poll else "wait_ms"
+
+
 def _goal(g: dict[str, Any]) -> str:
     return f">= {g['min_ratio']}: {'MET' if g['met'] else 'NOT MET'}"
 
@@ -785,7 +799,7 @@ def render(report: dict[str, Any]) -> str:
                 f"{fmt(vr['client_cpu_us_per_call'])} | {fmt(vr.get('server_cpu_us_per_call', NAN))}",
             ),
             _row(
-                f"batch episodes/s ({b['episodes']} ep, poll {b['poll_interval_s'] * 1000:.0f} ms)",
+                f"batch episodes/s ({b['episodes']} ep, {_waiting(b['poll_interval_s'])})",
                 fmt(b["in_process"]["episodes_per_s"], 2),
                 fmt(b["remote"]["episodes_per_s"], 2),
                 fmt(b["ratio"], 3),
@@ -845,7 +859,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--poll-interval",
         type=float,
         default=None,
-        help="seconds between GetBatchEvalStatus polls (default 0.05; 0.005 with --quick)",
+        help="poll GetBatchEvalStatus every this many seconds instead of waiting with wait_ms (default 0: wait)",
     )
     args = p.parse_args(argv)
     names = [n for chunk in (args.tasks or DEFAULT_TASKS) for n in chunk.split(",") if n]
@@ -855,12 +869,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.rounds is None:
         args.rounds = 1 if args.quick else 3
     if args.poll_interval is None:
-        args.poll_interval = 0.005 if args.quick else 0.05
+        args.poll_interval = 0.0
     if args.slices is None:
         args.slices = 1 if args.quick else 4
     args.warmup = 0.05 if args.quick else min(0.3, args.duration)
-    if args.duration <= 0 or args.rounds < 1 or args.slices < 1:
-        p.error("--duration must be positive, --rounds and --slices at least 1")
+    if args.duration <= 0 or args.rounds < 1 or args.slices < 1 or args.poll_interval < 0:
+        p.error("--duration must be positive, --rounds and --slices at least 1, --poll-interval not negative")
     return args
 
 
