@@ -113,8 +113,8 @@ def canonical_json(value: Any) -> bytes:
 # UTF-16 order unless a key holds a character outside the Basic Multilingual Plane, so lines with
 # such a character take the reference path.
 
-_NON_BMP = re.compile(rb"[\xf0-\xf4]")
-_ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
+NON_BMP = re.compile(rb"[\xf0-\xf4]")  # the lead bytes of UTF-8 sequences beyond the BMP
+ORJSON_OPTIONS = orjson.OPT_SORT_KEYS | orjson.OPT_STRICT_INTEGER
 #: magnitudes where orjson may write an exponent and RFC 8785 does not (a decade wider than seen)
 ORJSON_EXPONENT_BAND = _BAND_LOW, _BAND_HIGH = 1e-7, 1e-5
 
@@ -148,11 +148,11 @@ def parse_canonical_span(
     floats orjson writes differently to the caller (:func:`floats_agree` on the parts of the value
     that may hold floats; the caller must prove the rest holds none).
     """
-    if not bmp_only and _NON_BMP.search(buffer, start, end):
+    if not bmp_only and NON_BMP.search(buffer, start, end):
         return None
     try:
         value = orjson.loads(memoryview(buffer)[start:end])
-        again = orjson.dumps(value, option=_ORJSON_OPTIONS)
+        again = orjson.dumps(value, option=ORJSON_OPTIONS)
     except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         return None
     if len(again) != end - start or not buffer.startswith(again, start) or (floats and not floats_agree([value])):

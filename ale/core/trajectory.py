@@ -31,9 +31,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
+import orjson
 
 from ale.core.canonical import (
+    NON_BMP,
     ORJSON_EXPONENT_BAND,
+    ORJSON_OPTIONS,
     CanonicalError,
     canonical_json,
     encode_prepared,
@@ -163,25 +166,6 @@ def _parse_line(raw: bytes, number: int) -> dict[str, Any]:
     return event if type(event) is dict else _strict_parse(raw, number)
 
 
-def _parse_event(buffer: bytes, start: int, end: int, number: int, ascii: bool) -> dict[str, Any]:
-    """Like :func:`_parse_line` for a line that :func:`_check_fields` checks next."""
-    if end - start > MAX_LINE_BYTES:
-        raise ChainError("line_too_long", number, f"line of {end - start} bytes exceeds {MAX_LINE_BYTES}")
-    event = parse_canonical_span(buffer, start, end, bmp_only=ascii, floats=False)
-    # Floats can only be in monotonic and data: _check_fields proves every other member a string or
-    # an integer (and when it refuses a line, the reference path judges the line's form first).
-    if type(event) is dict:
-        monotonic, data = event.get("monotonic"), event.get("data")
-        low, high = ORJSON_EXPONENT_BAND
-        if type(monotonic) is float and (monotonic.is_integer() or low <= abs(monotonic) < high):
-            pass
-        elif type(data) is dict and all(type(v) is str for v in data.values()):
-            return event  # the common case (stdout, notes), without the general walk
-        elif floats_agree((data,)):
-            return event
-    return _strict_parse(buffer[start:end], number)
-
-
 def _split(stream: bytes) -> list[bytes]:
     if stream and not stream.endswith(b"\n"):
         raise ChainError("truncated", stream.count(b"\n") + 1, "the last line has no newline: truncated stream")
@@ -217,10 +201,11 @@ def _check_fields(number: int, event: dict[str, Any], head: str = "") -> None:
         _fail("bad_schema", number, f"schema is not {EVENT_SCHEMA}")
     if type(event["seq"]) is not int or type(event["producer_sequence"]) is not int:
         _fail("bad_sequence", number, "seq and producer_sequence must be integers")
-    if event["producer"] not in _PRODUCER_SET:
-        _fail("bad_producer", number, f"unknown producer {event['producer']!r}")
+    producer = event["producer"]
+    if type(producer) is not str or producer not in _PRODUCER_SET:
+        _fail("bad_producer", number, f"unknown producer {producer!r}")
     kind = event["kind"]
-    if kind not in _VALID_KINDS:
+    if type(kind) is not str or kind not in _VALID_KINDS:
         if not isinstance(kind, str) or not _KIND.fullmatch(kind):
             _fail("bad_kind", number, "kind is not a lowercase identifier")
         if len(_VALID_KINDS) < 4096:
@@ -239,24 +224,6 @@ def _check_fields(number: int, event: dict[str, Any], head: str = "") -> None:
     digest = event["hash"]
     if type(digest) is not str or len(digest) != 64:
         _fail("bad_hash", number, "hash is not 64 lowercase hex digits")
-
-
-def _body_hash(raw: bytes, digest: str, start: int = 0, end: int | None = None) -> str:
-    """SHA-256 of the canonical event without its hash member, cut from the canonical line itself.
-
-    In canonical key order ``hash`` follows ``data`` and precedes ``kind``, and every member after
-    it has a checked format that cannot contain the text searched for, so the last occurrence is
-    the member itself and removing it leaves exactly the canonical body.
-    """
-    stop = len(raw) if end is None else end
-    cut = raw.rfind(b'"hash":"', start, stop)
-    after = cut + 74  # '"hash":"' + 64 hex digits + '",'
-    if cut < 0 or not raw.startswith(digest.encode(), cut + 8):  # pragma: no cover - canonical lines hold it
-        return ""
-    view = memoryview(raw)
-    body = hashlib.sha256(view[start:cut])
-    body.update(view[after:stop])
-    return body.hexdigest()
 
 
 def _hash_fault(number: int, digest: str) -> tuple[int, int, str, str]:
@@ -324,48 +291,111 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
     number = 0 if first_line is None else first_line - 1
     first_seq: int | None = None
     checked = 0
+    # This loop is the hot path of verification, so the common case is written out in it (locals,
+    # no calls); whatever it cannot vouch for goes to the exact helpers, which name the fault.
+    view, find, rfind, startswith = memoryview(chunk), chunk.find, chunk.rfind, chunk.startswith
+    loads, dumps, orjson_errors = orjson.loads, orjson.dumps, (orjson.JSONDecodeError, orjson.JSONEncodeError)
+    sha256, wall_time_ok, hex64 = hashlib.sha256, _WALL_TIME.fullmatch, _HEX64.fullmatch
+    low, high = ORJSON_EXPONENT_BAND
     try:
         start, size = 0, len(chunk)
         while start < size:
-            end = chunk.find(b"\n", start)
+            end = find(b"\n", start)
             number += 1
-            event = _parse_event(chunk, start, end, number, ascii)
-            try:
-                _check_fields(number, event, head)
-            except ChainError:
-                _strict_parse(chunk[start:end], number)  # a line out of canonical form is named so first
-                raise
+            if end - start > MAX_LINE_BYTES:
+                raise ChainError("line_too_long", number, f"line of {end - start} bytes exceeds {MAX_LINE_BYTES}")
+            # The line's form: ale.core.canonical.parse_canonical_span(floats=False), written out.
+            # Floats can only be in monotonic and data, as the field checks below prove for the rest.
+            event: Any = None
+            if ascii or not NON_BMP.search(chunk, start, end):
+                try:
+                    event = loads(view[start:end])
+                    again = dumps(event, option=ORJSON_OPTIONS)
+                except orjson_errors:
+                    event = None
+                else:
+                    if len(again) != end - start or not startswith(again, start) or type(event) is not dict:
+                        event = None
+            if event is not None:
+                monotonic, data = event.get("monotonic"), event.get("data")
+                if type(monotonic) is float and (monotonic.is_integer() or low <= abs(monotonic) < high):
+                    event = None
+                elif type(data) is dict:
+                    for value in data.values():
+                        if type(value) is not str:  # numbers or containers: the general walk
+                            if not floats_agree((data,)):
+                                event = None
+                            break
+                elif not floats_agree((data,)):
+                    event = None
+            if event is None:
+                event = _strict_parse(chunk[start:end], number)
+            # The members (what _check_fields checks, which names the fault when this cannot vouch).
+            producer, kind, wall, digest, prev = (
+                event.get("producer"), event.get("kind"), event.get("wall_time"), event.get("hash"),
+                event.get("prev_hash"),
+            )  # fmt: skip
+            monotonic = event.get("monotonic")
+            if not (
+                event.keys() == FIELDS
+                and event["schema"] == EVENT_SCHEMA
+                and type(event["seq"]) is int
+                and type(event["producer_sequence"]) is int
+                and type(producer) is str
+                and producer in _PRODUCER_SET
+                and type(kind) is str
+                and kind in _VALID_KINDS
+                and type(wall) is str
+                and wall_time_ok(wall)
+                and (type(monotonic) is float or type(monotonic) is int)
+                and type(event["data"]) is dict
+                and type(prev) is str
+                and (prev == head or hex64(prev))
+                and type(digest) is str
+                and len(digest) == 64
+            ):
+                try:
+                    _check_fields(number, event, head)
+                except ChainError:
+                    _strict_parse(chunk[start:end], number)  # a line out of canonical form is named so first
+                    raise
+            seq = event["seq"]
             if checked == 0 and first_line is None:
-                first_seq = event["seq"]  # where the chunk sits is the link phase's to check
-            elif event["seq"] != (number - 1 if first_seq is None else first_seq + checked):
+                first_seq = seq  # where the chunk sits is the link phase's to check
+            elif seq != (number - 1 if first_seq is None else first_seq + checked):
                 expected_seq = number - 1 if first_seq is None else first_seq + checked
-                fault = (number, _RANK_SEQ, "bad_sequence", f"seq is {event['seq']}, expected {expected_seq}")
+                fault = (number, _RANK_SEQ, "bad_sequence", f"seq is {seq}, expected {expected_seq}")
                 break
-            producer = event["producer"]
+            sequence = event["producer_sequence"]
             seen = counts.get(producer)
-            monotonic = event["monotonic"]
             if seen is None:
-                first_of[producer] = (number, event["producer_sequence"], monotonic)
+                first_of[producer] = (number, sequence, monotonic)
             else:
                 expected = first_of[producer][1] + seen[0]
-                if event["producer_sequence"] != expected:
-                    got = event["producer_sequence"]
-                    message = f"{producer} producer_sequence is {got}, expected {expected}"
+                if sequence != expected:
+                    message = f"{producer} producer_sequence is {sequence}, expected {expected}"
                     fault = (number, _RANK_PSEQ, "bad_sequence", message)
                     break
-            digest = event["hash"]
             if checked == 0:
-                first_prev, first_wall = event["prev_hash"], event["wall_time"]
-            elif event["prev_hash"] != head:
+                first_prev, first_wall = prev, wall
+            elif prev != head:
                 fault = (number, _RANK_LINK, "broken_link", "prev_hash does not match the previous event's hash")
                 break
-            if _body_hash(chunk, digest, start, end) != digest:
+            # The hash: SHA-256 of the line without its hash member. In canonical key order "hash"
+            # follows "data" and precedes "kind", and no member after it can hold the text searched
+            # for, so its last occurrence is the member, and cutting it leaves the canonical body.
+            cut = rfind(b'"hash":"', start, end)
+            computed = ""
+            if cut >= 0 and startswith(digest.encode(), cut + 8):
+                body = sha256(view[start:cut])
+                body.update(view[cut + 74 : end])  # '"hash":"' + 64 hex digits + '",'
+                computed = body.hexdigest()
+            if computed != digest:
                 fault = _hash_fault(number, digest)
                 break
             if seen is not None and monotonic < seen[1]:
                 fault = (number, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards")
                 break
-            kind = event["kind"]
             if number == 1 and first_line == 1:
                 nonce = event["data"].get("nonce")
                 if producer != "trusted_harness" or kind != "run_started":
@@ -383,7 +413,7 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
             counts[producer] = (1 if seen is None else seen[0] + 1, monotonic)
             kinds[kind] = kinds.get(kind, 0) + 1
             head = digest
-            last_wall = event["wall_time"]
+            last_wall = wall
             checked += 1
             start = end + 1
     except ChainError as exc:
