@@ -171,3 +171,25 @@ def test_served_pipeline_with_workers_refuses_broken_chains(world: h.World, tmp_
     reply, _ = _upload(world, tmp_path, data, check_processes=2)
     _assert_rejected(reply, reason)
     assert _memfds() == []
+
+
+def test_a_worker_reads_only_its_own_jobs_memory_file(tmp_path: Path) -> None:
+    """A descriptor number reused after a job ended must not be read as that job's trajectory."""
+    from ale_verify.chain_workers import _check_span
+
+    other = tmp_path / "not-a-trajectory"
+    other.write_bytes(_stream(3))
+    fd = os.open(other, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError, match="gone"):
+            _check_span(os.getpid(), fd, "ale-trajectory-0000", 0, 10, 1)
+    finally:
+        os.close(fd)
+    stream = _stream(5)
+    name = "ale-trajectory-test"
+    fd = os.memfd_create(name)
+    try:
+        os.write(fd, stream)
+        assert _check_span(os.getpid(), fd, name, 0, len(stream), 1).lines == 5
+    finally:
+        os.close(fd)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import secrets
 import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -81,9 +82,14 @@ class ChainWorkers:
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _check_span(pid: int, fd: int, offset: int, length: int, first_line: int | None) -> ChunkReport:
+def _check_span(pid: int, fd: int, name: str, offset: int, length: int, first_line: int | None) -> ChunkReport:
     """In a worker: read a span of the job's in-memory file and check it."""
-    with open(f"/proc/{pid}/fd/{fd}", "rb", buffering=0) as stream:
+    path = f"/proc/{pid}/fd/{fd}"
+    with open(path, "rb", buffering=0) as stream:
+        # The descriptor number may have been reused if the job ended meanwhile: make sure it is
+        # this job's file (the name is unique) before reading it.
+        if os.readlink(path) not in (f"/memfd:{name} (deleted)", f"/memfd:{name}"):
+            raise OSError("the trajectory's memory file is gone (the job ended)")
         chunk = os.pread(stream.fileno(), length, offset)
     if len(chunk) != length:
         raise OSError(f"read {len(chunk)} of {length} bytes of the trajectory")
@@ -100,7 +106,8 @@ class ChainJob:
 
     def __init__(self, workers: ChainWorkers) -> None:
         self._workers = workers
-        self._fd: int | None = os.memfd_create("ale-trajectory", os.MFD_CLOEXEC)
+        self._name = f"ale-trajectory-{secrets.token_hex(8)}"
+        self._fd: int | None = os.memfd_create(self._name, os.MFD_CLOEXEC)
         self._size = 0  # bytes written
         self._cut = 0  # where the next chunk starts
         self._last_newline = -1  # offset of the last newline written
@@ -115,7 +122,7 @@ class ChainJob:
             if self._pool is None:
                 self._pool = self._workers._executor()
             first_line = 1 if not self._futures else None  # later chunks learn their place when linked
-            args = (os.getpid(), self._fd, self._cut, end - self._cut, first_line)
+            args = (os.getpid(), self._fd, self._name, self._cut, end - self._cut, first_line)
             self._futures.append(self._pool.submit(_check_span, *args))
             self._cut = end
         except (BrokenProcessPool, RuntimeError) as exc:
