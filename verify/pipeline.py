@@ -27,6 +27,7 @@ import json
 import logging
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -235,6 +236,31 @@ def assign_level(summary: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
 # -- the pipeline -------------------------------------------------------------------------------
 
 
+def _sha256_alongside(data: bytes) -> Callable[[], str]:
+    """Start SHA-256 of ``data`` on a thread; the returned function waits for the hex digest.
+
+    hashlib releases the GIL while it hashes, so the digest costs no wall time next to the
+    decryption, which holds the GIL: the thread is let in before the caller goes on.
+    """
+    started, result = threading.Event(), []
+
+    def run() -> None:
+        digest = hashlib.sha256()
+        started.set()
+        digest.update(data)
+        result.append(digest.hexdigest())
+
+    thread = threading.Thread(target=run, name="sha256-ciphertext", daemon=True)
+    thread.start()
+    started.wait()
+
+    def wait() -> str:
+        thread.join()
+        return result[0]
+
+    return wait
+
+
 def process_upload(
     ciphertext_path: Path,
     settings: Settings,
@@ -254,9 +280,12 @@ def process_upload(
     digest = ""
     try:
         ciphertext = ciphertext_path.read_bytes()  # 1. received
-        digest = hashlib.sha256(ciphertext).hexdigest()  # 2.
+        digest_of = _sha256_alongside(ciphertext)  # 2. (on another core while 3 runs)
         try:
-            plain = step_decrypt(ciphertext, settings)  # 3.
+            try:
+                plain = step_decrypt(ciphertext, settings)  # 3.
+            finally:
+                digest = digest_of()
             tar = step_decompress(plain, settings)  # 4.
             del plain
             files = step_inspect_tar(tar, settings)  # 5.
