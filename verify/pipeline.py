@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from ale_verify import db, tokens
@@ -47,6 +47,7 @@ from ale.core.verify import (
     check_chain,
     check_integrity,
     check_versions,
+    file_digests,
     parse_documents,
     recompute_scores,
 )
@@ -54,6 +55,7 @@ from ale.runner.inspect import installed_releases, read_identity
 from ale.schemas import validate_document
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: Fields no upload may carry: levels are assigned by the backend only.
 ELEVATION_FIELDS = frozenset({"level", "verification_level", "verified", "audited", "officially_verified", "status"})
@@ -236,26 +238,32 @@ def assign_level(summary: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
 # -- the pipeline -------------------------------------------------------------------------------
 
 
-def _sha256_alongside(data: bytes) -> Callable[[], str]:
-    """Start SHA-256 of ``data`` on a thread; the returned function waits for the hex digest.
+def _alongside(compute: Callable[[], T]) -> Callable[[], T]:
+    """Start ``compute`` (SHA-256 work) on a thread; the returned function waits for its result.
 
-    hashlib releases the GIL while it hashes, so the digest costs no wall time next to the
-    decryption, which holds the GIL: the thread is let in before the caller goes on.
+    hashlib releases the GIL while it hashes, so the hashing costs no wall time next to the steps
+    that follow (decryption, which holds the GIL; JSON parsing) when a core is free. The thread
+    is let in before the caller goes on. An exception is raised again by the waiting function.
     """
-    started, result = threading.Event(), []
+    started = threading.Event()
+    result: list[T] = []
+    error: list[BaseException] = []
 
     def run() -> None:
-        digest = hashlib.sha256()
         started.set()
-        digest.update(data)
-        result.append(digest.hexdigest())
+        try:
+            result.append(compute())
+        except BaseException as exc:  # handed to the waiter
+            error.append(exc)
 
-    thread = threading.Thread(target=run, name="sha256-ciphertext", daemon=True)
+    thread = threading.Thread(target=run, name="ale-verify-hash", daemon=True)
     thread.start()
     started.wait()
 
-    def wait() -> str:
+    def wait() -> T:
         thread.join()
+        if error:
+            raise error[0]
         return result[0]
 
     return wait
@@ -280,7 +288,7 @@ def process_upload(
     digest = ""
     try:
         ciphertext = ciphertext_path.read_bytes()  # 1. received
-        digest_of = _sha256_alongside(ciphertext)  # 2. (on another core while 3 runs)
+        digest_of = _alongside(lambda: hashlib.sha256(ciphertext).hexdigest())  # 2. (alongside 3)
         try:
             try:
                 plain = step_decrypt(ciphertext, settings)  # 3.
@@ -291,6 +299,7 @@ def process_upload(
             files = step_inspect_tar(tar, settings)  # 5.
             del tar
             step_allowlist(files)  # 6.
+            digests_of = _alongside(lambda: file_digests(files))  # for 10, alongside 7-9
             docs = step_schemas(files, job.feed if job is not None else None)  # 7.
             challenge = step_challenge(
                 docs, settings, signing_key, user_id=user_id, submission_id=submission_id, now=now
@@ -301,7 +310,7 @@ def process_upload(
                 check_nonce=challenge is not None,
                 reports=job.reports if job is not None else None,
             )  # 9.
-            root = check_integrity(files, docs, chain)  # 10.
+            root = check_integrity(files, docs, chain, digests_of())  # 10.
             runner = step_signature(docs, root, settings)
             releases = installed_releases()
             release = check_versions(  # 11.

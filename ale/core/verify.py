@@ -179,9 +179,17 @@ def check_chain(
         ) from None
 
 
-def check_integrity(files: Mapping[str, bytes], docs: Documents, chain: ChainSummary) -> str:
-    """The integrity root: file digests, the Merkle root, the chain head. Returns the root."""
-    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "integrity.json"}
+def file_digests(files: Mapping[str, bytes]) -> dict[str, str]:
+    """SHA-256 (hex) of every file but ``integrity.json``, which records them."""
+    return {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "integrity.json"}
+
+
+def check_integrity(
+    files: Mapping[str, bytes], docs: Documents, chain: ChainSummary, digests: Mapping[str, str] | None = None
+) -> str:
+    """The integrity root: file digests, the Merkle root, the chain head. Returns the root.
+    ``digests`` are :func:`file_digests` of ``files`` when the caller computed them already."""
+    digests = dict(file_digests(files) if digests is None else digests)
     integrity = docs.integrity
     if integrity.get("files") != digests:
         raise VerificationError("integrity_mismatch", "a file's SHA-256 differs from integrity.json")
