@@ -56,6 +56,81 @@ def check_actions(space: gym.Space, num_envs: int, action: np.ndarray) -> np.nda
     raise invalid(f"unsupported action space {space}")  # pragma: no cover - tasks use Box or Discrete
 
 
+#: From this many copies on, CartPole groups step as one batch (below, stepping each copy is cheaper).
+MIN_BATCHED_COPIES = 16
+
+#: The physical constants a CartPole copy and gymnasium's CartPoleVectorEnv must share.
+_CARTPOLE_CONSTANTS = (
+    "gravity",
+    "masscart",
+    "masspole",
+    "total_mass",
+    "length",
+    "polemass_length",
+    "force_mag",
+    "tau",
+    "kinematics_integrator",
+    "theta_threshold_radians",
+    "x_threshold",
+    "_sutton_barto_reward",
+)
+
+
+class BatchedCartPole:
+    """Steps K CartPole copies at once with gymnasium's own ``CartPoleVectorEnv`` dynamics.
+
+    ``CartPoleEnv.step`` and ``CartPoleVectorEnv.step`` compute the same expressions, the one on
+    scalars and the other on arrays of K, so stepping the batch gives every copy bit for bit the
+    state, observation, reward and termination its own ``env.step`` would (the tests compare them
+    over thousands of steps). What differs is kept per copy, as ``SyncVectorEnv`` has it: the
+    copies' states are gathered before and written back after each step, each copy keeps its
+    ``TimeLimit`` count and its own random stream, and resets stay ``env.reset`` of that copy (the
+    vector env's own autoreset never fires: no copy is marked done inside it). Used only where the
+    copies are exactly ``TimeLimit(OrderEnforcing(CartPoleEnv))`` with the vector env's constants.
+    """
+
+    def __init__(self, envs: list[gym.Env]) -> None:
+        from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+
+        self.limits = envs
+        self.raws = [env.unwrapped for env in envs]
+        self.vec = CartPoleVectorEnv(num_envs=len(envs), max_episode_steps=envs[0]._max_episode_steps)
+
+    @staticmethod
+    def fits(envs: list[gym.Env]) -> bool:
+        from gymnasium.envs.classic_control.cartpole import CartPoleEnv, CartPoleVectorEnv
+        from gymnasium.wrappers import OrderEnforcing, TimeLimit
+
+        first = envs[0]
+        if not all(
+            type(env) is TimeLimit and type(env.env) is OrderEnforcing and type(env.env.env) is CartPoleEnv
+            for env in envs
+        ):
+            return False
+        reference = CartPoleVectorEnv(num_envs=1, max_episode_steps=first._max_episode_steps)
+        return all(
+            env._max_episode_steps == first._max_episode_steps
+            and env.unwrapped.render_mode is None
+            and all(getattr(env.unwrapped, c) == getattr(reference, c) for c in _CARTPOLE_CONSTANTS)
+            for env in envs
+        )
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Step every copy with ``actions`` [K]; (observation, reward, terminated, truncated)."""
+        vec, raws, limits = self.vec, self.raws, self.limits
+        vec.state = np.array([raw.state for raw in raws], dtype=np.float64).T
+        vec.steps = np.array([env._elapsed_steps for env in limits], dtype=np.int32)
+        vec.prev_done = np.zeros(len(raws), dtype=np.bool_)
+        obs, reward, terminated, truncated, _ = vec.step(actions)
+        rows = list(vec.state.T.copy())
+        for raw, env, row, term in zip(raws, limits, rows, terminated.tolist(), strict=True):
+            raw.state = row
+            env._elapsed_steps += 1
+            if term:  # what CartPoleEnv.step records when the pole has just fallen
+                raw.steps_beyond_terminated = 0
+        return obs, reward, terminated, truncated
+
+
 @attrs.define
 class StepOutput:
     observation: np.ndarray
@@ -81,10 +156,13 @@ class EnvGroup:
     last_used: float = attrs.field(init=False, factory=time.monotonic)
     session: EvalSession | None = attrs.field(init=False, default=None)
     closed: str = attrs.field(init=False, default="")  # why, once closed
+    batched: BatchedCartPole | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self.envs = [make_env(self.task) for _ in range(self.num_envs)]
         self.meters = [None] * self.num_envs
+        if self.num_envs >= MIN_BATCHED_COPIES and BatchedCartPole.fits(self.envs):
+            self.batched = BatchedCartPole(self.envs)
 
     @property
     def observation_space(self) -> gym.Space:
@@ -120,39 +198,45 @@ class EnvGroup:
             if meter.done:
                 raise precondition(f"copy {i}: the episode has ended; call Reset (autoreset is disabled)")
         actions = check_actions(self.action_space, self.num_envs, action)
-        # Each copy gets its element (a numpy int64 for Discrete) or its row (Box) of the batch,
-        # as gymnasium's SyncVectorEnv hands them out.
-        acts = list(actions)
+        if self.batched is not None:
+            obs, reward, terminated, truncated = self.batched.step(actions)
+        else:
+            obs, reward, terminated, truncated = self._step_copies(actions)
         envs, meters, domain = self.envs, self.meters, self.domain
-        obs = self._obs_batch()
         final = np.zeros_like(obs) if self.autoreset == pb.AUTORESET_MODE_SAME_STEP else None
-        # Per-copy results are collected in lists and converted once: cheaper than K item writes.
-        rewards, terms, truncs, costs = [], [], [], []
+        costs = []
         ended: list[tuple[int, EpisodeMeter]] = []
-        for i, env in enumerate(envs):
-            o, r, term, trunc, _ = env.step(acts[i])
-            meter = meters[i]
+        rows = zip(envs, meters, reward.tolist(), terminated.tolist(), truncated.tolist(), strict=True)
+        for i, (env, meter, r, term, trunc) in enumerate(rows):
             assert meter is not None
             costs.append(meter.record_step(env, r, term, trunc))
-            rewards.append(r)
-            terms.append(term)
-            truncs.append(trunc)
             if meter.done:
                 ended.append((i, meter))
                 if final is not None:
-                    final[i] = o
-                    o, _ = env.reset()
+                    final[i] = obs[i]
+                    obs[i], _ = env.reset()
                     meters[i] = domain.meter(env)
-            obs[i] = o
         out = StepOutput(
             observation=obs,
-            reward=np.array(rewards, dtype=np.float64),
-            terminated=np.array(terms, dtype=bool),
-            truncated=np.array(truncs, dtype=bool),
+            reward=reward.astype(np.float64, copy=False),
+            terminated=terminated,
+            truncated=truncated,
             final_observation=final,
             cost=np.array(costs, dtype=np.int64),
         )
         return out, ended
+
+    def _step_copies(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``env.step`` of each copy, with its element (a numpy int64 for Discrete) or its row (Box) of
+        the batch, as gymnasium's SyncVectorEnv hands them out; (observation, reward, terminated, truncated)."""
+        obs = self._obs_batch()
+        rewards, terms, truncs = [], [], []
+        for i, (env, a) in enumerate(zip(self.envs, list(actions), strict=True)):
+            obs[i], r, term, trunc, _ = env.step(a)
+            rewards.append(r)
+            terms.append(term)
+            truncs.append(trunc)
+        return obs, np.array(rewards, dtype=np.float64), np.array(terms, dtype=bool), np.array(truncs, dtype=bool)
 
 
 @attrs.define(eq=False)

@@ -1,0 +1,132 @@
+"""How the evaluator steps the K copies of a vector env: fast paths must not change a single bit.
+
+CartPole groups of 16 or more copies step as one batch with gymnasium's own CartPoleVectorEnv
+dynamics (``BatchedCartPole``); everything else steps each copy with its own ``env.step``. Both
+must give exactly what stepping every copy on its own gives: observations, rewards, flags, costs,
+final observations, the recorded episodes, and each copy's state afterwards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ale_evaluator.domains import DOMAINS
+from ale_evaluator.envs import MIN_BATCHED_COPIES, EnvGroup, make_env
+
+from ale import catalog
+from ale.env.v1 import env_pb2 as pb
+
+OUTPUTS = ("observation", "reward", "terminated", "truncated", "cost", "final_observation")
+
+
+def group(task_id: str, k: int, autoreset: int, *, batched: bool = True) -> EnvGroup:
+    task = catalog.get_task(task_id)
+    g = EnvGroup(
+        env_id=f"env-{k}",
+        task=task,
+        domain=DOMAINS[task.spec.domain],
+        num_envs=k,
+        autoreset=autoreset,
+        official=False,
+        owner="agent",
+    )
+    if not batched:
+        g.batched = None
+    return g
+
+
+def balancing_actions(g: EnvGroup, rng: np.random.Generator) -> np.ndarray:
+    """A state-feedback push with 15 % of the actions flipped: short and full-length (truncated) episodes."""
+    s = np.array([env.unwrapped.state for env in g.envs])
+    act = (s[:, 2] + 0.3 * s[:, 3] + 0.02 * s[:, 0] + 0.1 * s[:, 1] > 0).astype(np.int64)
+    flip = rng.random(len(act)) < 0.15
+    act[flip] = 1 - act[flip]
+    return act
+
+
+def assert_same_step(a, b) -> None:
+    (out_a, ended_a), (out_b, ended_b) = a, b
+    for field in OUTPUTS:
+        x, y = getattr(out_a, field), getattr(out_b, field)
+        if x is None or y is None:
+            assert x is None, field
+            assert y is None, field
+            continue
+        assert x.dtype == y.dtype, field
+        assert x.shape == y.shape, field
+        assert x.tobytes() == y.tobytes(), field
+    assert [i for i, _ in ended_a] == [i for i, _ in ended_b]
+    for (_, ma), (_, mb) in zip(ended_a, ended_b, strict=True):
+        assert (ma.episode_return, ma.length, ma.safety_counts, ma.terminated, ma.truncated) == (
+            mb.episode_return,
+            mb.length,
+            mb.safety_counts,
+            mb.terminated,
+            mb.truncated,
+        )
+
+
+@pytest.mark.parametrize(
+    ("k", "autoreset"),
+    [
+        (64, pb.AUTORESET_MODE_SAME_STEP),
+        (MIN_BATCHED_COPIES, pb.AUTORESET_MODE_SAME_STEP),
+        (17, pb.AUTORESET_MODE_DISABLED),
+    ],
+)
+def test_batched_cartpole_is_bit_identical_to_stepping_each_copy(k, autoreset):
+    fast, slow = group("cartpole-balance", k, autoreset), group("cartpole-balance", k, autoreset, batched=False)
+    assert fast.batched is not None
+    assert slow.batched is None
+    rng = np.random.default_rng(k)
+    assert fast.reset(123).tobytes() == slow.reset(123).tobytes()
+    ended = truncated = 0
+    for _ in range(1500):
+        if any(m.done for m in fast.meters):  # autoreset disabled: start over
+            assert fast.reset(None).tobytes() == slow.reset(None).tobytes()
+            continue
+        action = balancing_actions(fast, rng)
+        a, b = fast.step(action), slow.step(action)
+        assert_same_step(a, b)
+        ended += len(a[1])
+        truncated += int(a[0].truncated.sum())
+    assert ended > 10, "the run must cover terminations and resets"
+    assert truncated > 0, "the run must cover truncations"
+    for x, y in zip(fast.envs, slow.envs, strict=True):
+        assert x.unwrapped.state.tobytes() == y.unwrapped.state.tobytes()
+        assert x._elapsed_steps == y._elapsed_steps
+        assert x.unwrapped.steps_beyond_terminated == y.unwrapped.steps_beyond_terminated
+        assert x.unwrapped.np_random.bit_generator.state == y.unwrapped.np_random.bit_generator.state
+
+
+def test_batched_cartpole_matches_sync_vector_env_with_same_step_autoreset():
+    """Against gymnasium's SyncVectorEnv itself (SAME_STEP): the official per-copy semantics."""
+    import functools
+
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    task = catalog.get_task("cartpole-balance")
+    k = 32
+    g = group("cartpole-balance", k, pb.AUTORESET_MODE_SAME_STEP)
+    assert g.batched is not None
+    ref = SyncVectorEnv([functools.partial(make_env, task)] * k, autoreset_mode=AutoresetMode.SAME_STEP)
+    obs_ref, _ = ref.reset(seed=[5 + i for i in range(k)])
+    assert g.reset(5).tobytes() == obs_ref.tobytes()
+    rng = np.random.default_rng(0)
+    for _ in range(800):
+        action = balancing_actions(g, rng)
+        out, _ = g.step(action)
+        o, r, term, trunc, info = ref.step(action)
+        assert out.observation.tobytes() == o.tobytes()
+        assert out.reward.tobytes() == r.astype(np.float64).tobytes()
+        assert (out.terminated == term).all()
+        assert (out.truncated == trunc).all()
+        done = term | trunc
+        if done.any():
+            assert out.final_observation[done].tobytes() == np.stack(info["final_obs"][done]).tobytes()
+    ref.close()
+
+
+@pytest.mark.parametrize(("task_id", "k"), [("cartpole-balance", MIN_BATCHED_COPIES - 1), ("pendulum-lqr", 64)])
+def test_other_groups_step_each_copy(task_id, k):
+    assert group(task_id, k, pb.AUTORESET_MODE_SAME_STEP).batched is None
