@@ -26,6 +26,7 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import operator
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -243,6 +244,10 @@ def _hash_fault(number: int, digest: str) -> tuple[int, int, str, str]:
 
 _RANK_LINE, _RANK_SEQ, _RANK_PSEQ, _RANK_LINK, _RANK_HASH, _RANK_TIME, _RANK_FIRST = range(7)
 _PRODUCER_SET = frozenset(PRODUCERS)
+#: an event's members, in the order check_chunk unpacks them
+_MEMBERS = operator.itemgetter(
+    "schema", "seq", "producer", "producer_sequence", "wall_time", "monotonic", "kind", "data", "prev_hash", "hash"
+)
 
 
 @attrs.frozen
@@ -307,6 +312,7 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
             # The line's form: ale.core.canonical.parse_canonical_span(floats=False), written out.
             # Floats can only be in monotonic and data, as the field checks below prove for the rest.
             event: Any = None
+            members: tuple[Any, ...] | None = None
             if ascii or not NON_BMP.search(chunk, start, end):
                 try:
                     event = loads(view[start:end])
@@ -317,7 +323,11 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
                     if len(again) != end - start or not startswith(again, start) or type(event) is not dict:
                         event = None
             if event is not None:
-                monotonic, data = event.get("monotonic"), event.get("data")
+                if event.keys() == FIELDS:
+                    members = _MEMBERS(event)
+                    monotonic, data = members[5], members[7]
+                else:
+                    monotonic, data = event.get("monotonic"), event.get("data")
                 if type(monotonic) is float and (monotonic.is_integer() or low <= abs(monotonic) < high):
                     event = None
                 elif type(data) is dict:
@@ -330,43 +340,38 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
                     event = None
             if event is None:
                 event = _strict_parse(chunk[start:end], number)
+                members = _MEMBERS(event) if event.keys() == FIELDS else None
             # The members (what _check_fields checks, which names the fault when this cannot vouch).
-            producer, kind, wall, digest, prev = (
-                event.get("producer"), event.get("kind"), event.get("wall_time"), event.get("hash"),
-                event.get("prev_hash"),
-            )  # fmt: skip
-            monotonic = event.get("monotonic")
-            if not (
-                event.keys() == FIELDS
-                and event["schema"] == EVENT_SCHEMA
-                and type(event["seq"]) is int
-                and type(event["producer_sequence"]) is int
-                and type(producer) is str
-                and producer in _PRODUCER_SET
-                and type(kind) is str
-                and kind in _VALID_KINDS
-                and type(wall) is str
-                and wall_time_ok(wall)
-                and (type(monotonic) is float or type(monotonic) is int)
-                and type(event["data"]) is dict
-                and type(prev) is str
-                and (prev == head or hex64(prev))
-                and type(digest) is str
-                and len(digest) == 64
+            if members is None or not (
+                members[0] == EVENT_SCHEMA
+                and type(members[1]) is int
+                and type(members[3]) is int
+                and type(members[2]) is str
+                and members[2] in _PRODUCER_SET
+                and type(members[6]) is str
+                and members[6] in _VALID_KINDS
+                and type(members[4]) is str
+                and wall_time_ok(members[4])
+                and (type(members[5]) is float or type(members[5]) is int)
+                and type(members[7]) is dict
+                and type(members[8]) is str
+                and (members[8] == head or hex64(members[8]))
+                and type(members[9]) is str
+                and len(members[9]) == 64
             ):
                 try:
                     _check_fields(number, event, head)
                 except ChainError:
                     _strict_parse(chunk[start:end], number)  # a line out of canonical form is named so first
                     raise
-            seq = event["seq"]
+                members = _MEMBERS(event)
+            _schema, seq, producer, sequence, wall, monotonic, kind, data, prev, digest = members
             if checked == 0 and first_line is None:
                 first_seq = seq  # where the chunk sits is the link phase's to check
             elif seq != (number - 1 if first_seq is None else first_seq + checked):
                 expected_seq = number - 1 if first_seq is None else first_seq + checked
                 fault = (number, _RANK_SEQ, "bad_sequence", f"seq is {seq}, expected {expected_seq}")
                 break
-            sequence = event["producer_sequence"]
             seen = counts.get(producer)
             if seen is None:
                 first_of[producer] = (number, sequence, monotonic)
@@ -397,7 +402,7 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
                 fault = (number, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards")
                 break
             if number == 1 and first_line == 1:
-                nonce = event["data"].get("nonce")
+                nonce = data.get("nonce")
                 if producer != "trusted_harness" or kind != "run_started":
                     message = "the first event must be trusted_harness run_started"
                     fault = (number, _RANK_FIRST, "bad_first_event", message)
@@ -405,11 +410,11 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
                 if nonce is not None and not isinstance(nonce, str):
                     fault = (number, _RANK_FIRST, "bad_first_event", "nonce must be a string or null")
                     break
-                run_started = event["data"]
+                run_started = data
             if kind == "eval_result" and producer == "trusted_evaluator":
-                session = event["data"].get("session_id")
+                session = data.get("session_id")
                 if isinstance(session, str):
-                    eval_results[session] = event["data"]
+                    eval_results[session] = data
             counts[producer] = (1 if seen is None else seen[0] + 1, monotonic)
             kinds[kind] = kinds.get(kind, 0) + 1
             head = digest
