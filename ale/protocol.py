@@ -31,6 +31,8 @@ _TO_NUMPY: dict[int, np.dtype] = {
     pb.DTYPE_UINT8: np.dtype("u1"),
     pb.DTYPE_BOOL: np.dtype("?"),
 }
+#: The same dtypes in this machine's byte order: what decoded arrays are.
+_NATIVE: dict[int, np.dtype] = {code: dtype.newbyteorder("=") for code, dtype in _TO_NUMPY.items()}
 _FROM_KIND = {
     ("f", 4): pb.DTYPE_FLOAT32,
     ("f", 8): pb.DTYPE_FLOAT64,
@@ -75,12 +77,12 @@ def encode_tensor(array: np.ndarray, out: pb.Tensor | None = None) -> pb.Tensor:
 
 def decode_tensor(msg: pb.Tensor, *, what: str = "tensor") -> np.ndarray:
     """Decode a Tensor message into a native-endian, writable numpy array."""
-    if not msg.dtype:
-        raise ProtocolError(f"{what}: dtype is unspecified")
-    try:
-        dtype = numpy_dtype(msg.dtype)
-    except ProtocolError as exc:
-        raise ProtocolError(f"{what}: {exc}") from None
+    code = msg.dtype
+    dtype = _TO_NUMPY.get(code)
+    if dtype is None:
+        if not code:
+            raise ProtocolError(f"{what}: dtype is unspecified")
+        raise ProtocolError(f"{what}: unknown tensor dtype {code}")
     shape = tuple(msg.shape)
     if shape and min(shape) < 0:
         raise ProtocolError(f"{what}: negative dimension in shape {list(shape)}")
@@ -89,13 +91,11 @@ def decode_tensor(msg: pb.Tensor, *, what: str = "tensor") -> np.ndarray:
     count = math.prod(shape)
     if count > MAX_TENSOR_ELEMENTS:
         raise ProtocolError(f"{what}: {count} elements exceeds the limit {MAX_TENSOR_ELEMENTS}")
+    data = msg.data
     expected = count * dtype.itemsize
-    if len(msg.data) != expected:
-        raise ProtocolError(
-            f"{what}: {len(msg.data)} data bytes, but shape {list(shape)} of {dtype.name} needs {expected}"
-        )
-    array = np.frombuffer(msg.data, dtype=dtype).reshape(shape)
-    return array.astype(dtype.newbyteorder("="), copy=True)
+    if len(data) != expected:
+        raise ProtocolError(f"{what}: {len(data)} data bytes, but shape {list(shape)} of {dtype.name} needs {expected}")
+    return np.frombuffer(data, dtype=dtype).astype(_NATIVE[code], copy=True).reshape(shape)
 
 
 def encode_space(space: gym.Space[Any], out: pb.Space | None = None) -> pb.Space:
