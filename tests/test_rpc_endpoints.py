@@ -343,8 +343,9 @@ def test_same_seed_and_actions_give_a_bit_identical_episode_in_two_evaluators(ma
     assert other[0] != a[0], "a different seed must give a different first observation"
 
 
-def test_vector_env_steps_k_copies_with_same_step_autoreset(evaluator):
-    client, k = evaluator.agent, 3
+@pytest.mark.parametrize("k", [3, 32])  # 32: a CartPole group stepped as one batch (BatchedCartPole)
+def test_vector_env_steps_k_copies_with_same_step_autoreset(evaluator, k):
+    client = evaluator.agent
     created = client.create_env(num_envs=k, autoreset_mode=pb.AUTORESET_MODE_SAME_STEP)
     obs = decode_tensor(client.reset(created.env_id, seed=100).observation)
     assert obs.shape == (k, 4)
