@@ -33,6 +33,15 @@ CHUNK_BYTES = 2 * 1024 * 1024
 SMALL_STREAM = 256 * 1024
 
 
+#: Workers run this much nicer than the server: its own process feeds them (decompression is the
+#: critical path of an upload, and it answers the API), they take whatever CPU is left.
+WORKER_NICENESS = 10
+
+
+def _start_worker() -> None:
+    os.nice(WORKER_NICENESS)
+
+
 def _warm() -> int:
     return os.getpid()
 
@@ -56,7 +65,7 @@ class ChainWorkers:
             if self._pool is None:
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload(["ale.core.trajectory"])
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=context)
+                self._pool = ProcessPoolExecutor(self.processes, mp_context=context, initializer=_start_worker)
             return self._pool
 
     def _broken(self, pool: ProcessPoolExecutor) -> None:
