@@ -317,13 +317,27 @@ class Site:
 
 def _cpu_s(pids: list[int]) -> float:
     """User + system CPU seconds of processes (this one and the pool's workers) from /proc."""
-    tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     for pid in pids:
         with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += _proc_cpu_seconds(pid)
     return total
+
+
+def _tree(pid: int) -> list[int]:
+    """A process and all its descendants (the server, its fork server and its chain workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        out.append(current)
+        todo.extend(children.get(current, []))
+    return out
 
 
 def _worker_pids(workers: Any) -> list[int]:
@@ -583,9 +597,11 @@ def bench_load(data: Path, body: bytes, clients: int, duration: float, sequentia
         if warm["errors"]:
             raise SystemExit(f"warm-up uploads failed: {warm['errors'][:3]}")
         seq = asyncio.run(_sequential(url, token, body, sequential))
+        tree = _tree(proc.pid)  # the server and its chain workers (started by the warm-up)
         cpu0, self0, load0 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds(), os.getloadavg()
+        tree0 = _cpu_s(tree)
         res = asyncio.run(_load(url, token, body, clients, duration))
-        cpu1, self1 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds()
+        cpu1, self1, tree1 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds(), _cpu_s(tree)
         threads = int(Path(f"/proc/{proc.pid}/status").read_text().split("Threads:")[1].split()[0])
         with contextlib.closing(sqlite3.connect(data / "verifier.sqlite3")) as conn:
             stored = conn.execute("SELECT status, COUNT(*) FROM submissions GROUP BY status").fetchall()
@@ -615,6 +631,8 @@ def bench_load(data: Path, body: bytes, clients: int, duration: float, sequentia
         "latency_max_s": max(lat) if lat else float("nan"),
         "server_cpu_s": cpu1 - cpu0,
         "server_cpu_percent_of_one_core": 100 * (cpu1 - cpu0) / res["elapsed_s"],
+        "server_processes": len(tree),
+        "server_tree_cpu_percent_of_one_core": 100 * (tree1 - tree0) / res["elapsed_s"],
         "server_threads_at_end": threads,
         "client_cpu_percent_of_one_core": 100 * (self1 - self0) / res["elapsed_s"],
         "loadavg_before": list(load0),
@@ -729,7 +747,10 @@ def main() -> None:
         print(f"  {load['uploads_ok']} accepted, {load['errors']} errors, {load['uploads_per_s']:.1f} uploads/s")
         print(f"  latency p50 {load['latency_p50_s'] * 1000:.0f} ms, p90 {load['latency_p90_s'] * 1000:.0f} ms,"
               f" p99 {load['latency_p99_s'] * 1000:.0f} ms, max {load['latency_max_s'] * 1000:.0f} ms")  # fmt: skip
-        print(f"  server CPU {load['server_cpu_percent_of_one_core']:.0f}% of one core"
+        print(f"  server CPU {load['server_tree_cpu_percent_of_one_core']:.0f}% of one core in its"
+              f" {load['server_processes']} processes (the server process alone"
+              f" {load['server_cpu_percent_of_one_core']:.0f}%)")  # fmt: skip
+        print(f"  server process"
               f" ({load['server_threads_at_end']} threads); client CPU {load['client_cpu_percent_of_one_core']:.0f}%;"
               f" stored {load['db_submissions_by_status']}")  # fmt: skip
         s = load["sequential"]
