@@ -193,3 +193,15 @@ def test_a_worker_reads_only_its_own_jobs_memory_file(tmp_path: Path) -> None:
         assert _check_span(os.getpid(), fd, name, 0, len(stream), 1).lines == 5
     finally:
         os.close(fd)
+
+
+def test_a_worker_that_raises_means_one_pass_and_the_pool_stays(workers: ChainWorkers) -> None:
+    """A task that raises (a bug, or a memory file gone) is not a broken pool: other jobs go on."""
+    stream = _stream(200)
+    job = workers.job()
+    job._name = "ale-trajectory-not-this-one"  # the workers will refuse to read the file
+    job.feed(stream)
+    pool = workers._pool
+    assert job.reports() == stream
+    assert workers._pool is pool  # not torn down
+    assert _through(workers, stream) is not None

@@ -9,8 +9,9 @@ stream (a property the core's tests check for every way of cutting it); only the
 
 Anything unusual takes the one-pass path instead, over the stream read back from the job's memory
 file: a stream that does not end in a newline (so its error names the right line), a broken pool,
-a worker that raised. The pool is started once, with
-``forkserver`` (never ``fork``: the server has threads), and restarted if a worker dies.
+a worker that raised. The pool is started once, with ``forkserver`` (never ``fork``: the server
+has threads), and restarted if a worker dies. Every stream, small ones too, goes to the workers,
+which keeps the server's own process free for requests.
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ from ale.core.trajectory import ChunkReport, check_chunk
 
 log = logging.getLogger(__name__)
 
+#: About this much of the stream (complete lines) makes a chunk: small enough that the last one
+#: after decompression ends is quick, large enough that handing it over is cheap.
 CHUNK_BYTES = 2 * 1024 * 1024
-#: Streams smaller than this are checked in one piece (still on a worker, to keep the server's
-#: own process free for requests).
-SMALL_STREAM = 256 * 1024
-
 
 #: Workers run this much nicer than the server: its own process feeds them (decompression is the
 #: critical path of an upload, and it answers the API), they take whatever CPU is left.
@@ -69,10 +68,11 @@ class ChainWorkers:
             return self._pool
 
     def _broken(self, pool: ProcessPoolExecutor) -> None:
+        """A worker died: the pool is unusable (its pending futures all fail); the next job gets a new one."""
         with self._lock:
             if self._pool is pool:
                 self._pool = None
-        pool.shutdown(wait=False, cancel_futures=True)
+        pool.shutdown(wait=False)
 
     def warm(self) -> None:
         """Start every worker now, so the first upload does not pay for it."""
@@ -134,15 +134,17 @@ class ChainJob:
             args = (os.getpid(), self._fd, self._name, self._cut, end - self._cut, first_line)
             self._futures.append(self._pool.submit(_check_span, *args))
             self._cut = end
-        except (BrokenProcessPool, RuntimeError) as exc:
+        except BrokenProcessPool as exc:
+            self._give_up(f"cannot submit to the chain workers: {exc}", broken=True)
+        except RuntimeError as exc:  # closed, or shutting down
             self._give_up(f"cannot submit to the chain workers: {exc}")
 
-    def _give_up(self, why: str) -> None:
+    def _give_up(self, why: str, *, broken: bool = False) -> None:
         log.warning("trajectory check falls back to one pass in-process: %s", why)
         self._failed = True
         for future in self._futures:
             future.cancel()
-        if self._pool is not None:
+        if broken and self._pool is not None:
             self._workers._broken(self._pool)
 
     def feed(self, block: bytes) -> None:
@@ -171,7 +173,7 @@ class ChainJob:
                     if not self._failed:
                         return [future.result() for future in self._futures]
                 except BrokenProcessPool as exc:
-                    self._give_up(f"a worker died: {exc}")
+                    self._give_up(f"a worker died: {exc}", broken=True)
                 except Exception as exc:  # a worker's bug must not become the uploader's verdict
                     log.exception("a chain worker failed")
                     self._give_up(f"a worker raised {type(exc).__name__}")
