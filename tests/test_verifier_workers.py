@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import verifier_helpers as h
 from ale_verify.chain_workers import ChainWorkers
-from test_verifier_pipeline import DOCUMENT_CASES, _assert_rejected, _upload
+from test_verifier_pipeline import CONTAINER_CASES, DOCUMENT_CASES, _assert_rejected, _upload
 
 from ale.core.trajectory import ChainBuilder, ChainError, link_chunks, verify_chain
 
@@ -206,3 +206,12 @@ def test_a_worker_that_raises_means_one_pass_and_the_pool_stays(workers: ChainWo
     assert job.reports() == stream
     assert workers._pool is pool  # not torn down
     assert _through(workers, stream) is not None
+
+
+@pytest.mark.parametrize("case", sorted(CONTAINER_CASES))
+def test_served_pipeline_with_workers_refuses_broken_containers(world: h.World, tmp_path: Path, case: str) -> None:
+    """Failures before the trajectory is read: the job is dropped, its memory file freed."""
+    build, reason = CONTAINER_CASES[case]
+    reply, _ = _upload(world, tmp_path, build(world, dict(world.files("plain"))), check_processes=2)
+    _assert_rejected(reply, reason)
+    assert _memfds() == []
