@@ -301,6 +301,9 @@ def test_link_chunks_refuses_reports_out_of_order() -> None:
     reports = [check_chunk(c, n) for c, n in chunks]
     with pytest.raises(ValueError, match="consecutive"):
         link_chunks(reports[::-1])
+    # A first chunk that does not know it starts at line 1 would skip the first event's checks.
+    with pytest.raises(ValueError, match="line 1"):
+        link_chunks([check_chunk(c, None) for c, _ in chunks])
 
 
 @pytest.mark.parametrize(

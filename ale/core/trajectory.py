@@ -461,6 +461,8 @@ def link_chunks(
     for report in reports:
         offset = 0
         if report.first_line is None:
+            if total == 0 and (report.lines or report.fault):  # line 1 has checks of its own
+                raise ValueError("the first chunk must be checked as starting at line 1")
             offset = total
         elif report.first_line != total + 1:
             raise ValueError("chunk reports are not consecutive")
