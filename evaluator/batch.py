@@ -17,7 +17,7 @@ import gymnasium as gym
 import numpy as np
 from ale_evaluator import episodes
 from ale_evaluator.domains import Domain
-from ale_evaluator.envs import make_env
+from ale_evaluator.envs import MIN_BATCHED_COPIES, BatchedCartPole, make_env
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
 
 from ale.catalog import Task
@@ -25,6 +25,9 @@ from ale.env.v1 import env_pb2 as pb
 from ale.policy import Policy, PolicyError
 
 log = logging.getLogger(__name__)
+
+#: Episodes a CartPole batch runs side by side (see BatchJob._run_lockstep).
+LOCKSTEP_SLOTS = 32
 
 
 def check_policy_fits(policy: Policy, task: Task) -> None:
@@ -85,27 +88,94 @@ class BatchJob:
 
     def _run(self) -> None:
         self.state = pb.BATCH_STATE_RUNNING
+        slots = min(self.num_episodes, LOCKSTEP_SLOTS)
         try:
-            env = make_env(self.task)
+            envs = [make_env(self.task) for _ in range(slots if slots >= MIN_BATCHED_COPIES else 1)]
         except Exception:  # pragma: no cover - the task's own environment failed to build
             log.exception("batch %s: could not build the environment", self.batch_id)
             self.error, self.state = "the evaluator could not build the environment", pb.BATCH_STATE_FAILED
             return
         try:
-            for index in range(self.num_episodes):
-                if self.cancel.is_set():
-                    self.error, self.state = self.cancel_reason, pb.BATCH_STATE_FAILED
-                    return
-                record = self._episode(env, index)
-                self.records.append(record)
-                if self.on_record is not None:
-                    self.on_record(record)
-            self.state = pb.BATCH_STATE_DONE
+            if len(envs) > 1 and BatchedCartPole.fits(envs):
+                self._run_lockstep(envs)
+            else:
+                self._run_sequential(envs[0])
         except Exception:
             log.exception("batch %s failed", self.batch_id)
             self.error, self.state = "internal evaluator error during the batch", pb.BATCH_STATE_FAILED
         finally:
-            env.close()
+            for env in envs:
+                env.close()
+
+    def _add(self, record: episodes.EpisodeRecord) -> None:
+        self.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
+
+    def _run_sequential(self, env: gym.Env) -> None:
+        for index in range(self.num_episodes):
+            if self.cancel.is_set():
+                self.error, self.state = self.cancel_reason, pb.BATCH_STATE_FAILED
+                return
+            self._add(self._episode(env, index))
+        self.state = pb.BATCH_STATE_DONE
+
+    def _run_lockstep(self, envs: list[gym.Env]) -> None:
+        """CartPole: up to LOCKSTEP_SLOTS episodes side by side, stepped as one batch.
+
+        Every episode is exactly the one :meth:`_episode` would run: its own copy reset with its own
+        seed, the policy asked for one observation at a time (as there, so the actions are the same
+        bits), the copies stepped by :class:`BatchedCartPole` (bit for bit ``env.step``, tested), the
+        same meter. A slot whose episode ends starts the next index. Episodes finish out of index
+        order; the result is ordered by index. Cancelled, every episode in flight is aborted.
+        """
+        batched = BatchedCartPole(envs)
+        space = envs[0].action_space
+        assert isinstance(space, gym.spaces.Discrete)
+        start = int(space.start)
+        act, cancelled = self.policy.act, self.cancel.is_set
+        next_index = 0
+        slots: list[tuple[int, bytes, episodes.EpisodeMeter] | None] = [None] * len(envs)
+        obs = np.empty((len(envs), *envs[0].observation_space.shape), dtype=envs[0].observation_space.dtype)
+
+        def begin(i: int) -> None:
+            nonlocal next_index
+            if next_index >= self.num_episodes:
+                slots[i] = None
+                return
+            index, next_index = next_index, next_index + 1
+            seed = self.seed(index)
+            obs[i], _ = envs[i].reset(seed=seed)
+            slots[i] = (index, commitment(self.config, seed), self.domain.meter(envs[i]))
+
+        for i in range(len(envs)):
+            begin(i)
+        while any(slot is not None for slot in slots):
+            if cancelled():
+                for slot in slots:
+                    if slot is not None:
+                        self._add(episodes.aborted(slot[0], slot[1], self.domain, "session_closed", slot[2]))
+                self.error, self.state = self.cancel_reason, pb.BATCH_STATE_FAILED
+                return
+            live = [i for i, slot in enumerate(slots) if slot is not None]
+            actions = np.array([act(obs[i][None, :], None, None, start)[0] for i in live], dtype=np.int64)
+            if len(live) == len(envs):
+                step_obs, reward, terminated, truncated = batched.step(actions)
+                rows = list(zip(live, step_obs, reward.tolist(), terminated.tolist(), truncated.tolist(), strict=True))
+            else:  # the last episodes: fewer than the slots, each copy stepped on its own
+                rows = []
+                for i, a in zip(live, actions, strict=True):
+                    o, r, term, trunc, _ = envs[i].step(a)
+                    rows.append((i, o, r, term, trunc))
+            for i, o, r, term, trunc in rows:
+                index, commit, meter = slots[i]  # type: ignore[misc]
+                obs[i] = o
+                meter.record_step(envs[i], r, term, trunc)
+                if meter.done:
+                    value, success = meter.outcome(envs[i])
+                    self._add(episodes.finished(index, commit, meter, value, success))
+                    begin(i)
+        self.state = pb.BATCH_STATE_DONE
 
     def _episode(self, env: gym.Env, index: int) -> episodes.EpisodeRecord:
         seed = self.seed(index)

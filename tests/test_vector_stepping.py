@@ -130,3 +130,83 @@ def test_batched_cartpole_matches_sync_vector_env_with_same_step_autoreset():
 @pytest.mark.parametrize(("task_id", "k"), [("cartpole-balance", MIN_BATCHED_COPIES - 1), ("pendulum-lqr", 64)])
 def test_other_groups_step_each_copy(task_id, k):
     assert group(task_id, k, pb.AUTORESET_MODE_SAME_STEP).batched is None
+
+
+# -- batch evaluation: CartPole episodes run side by side ---------------------------------------------
+
+
+def _batch_records(policy_raw: bytes, episodes: int, *, lockstep: bool, official: bool = False, cancel_after=None):
+    import threading
+
+    from ale_evaluator import batch as batch_module
+    from ale_evaluator.seeds import RunConfig
+
+    from ale.policy import load_policy
+
+    task = catalog.get_task("cartpole-balance")
+    job = batch_module.BatchJob(
+        batch_id="b", task=task, domain=DOMAINS[task.spec.domain], policy=load_policy(policy_raw),
+        num_episodes=episodes, official=official, owner="harness" if official else "agent",
+        config=RunConfig("run-lockstep", b"\x07" * 32), base_seed=11,
+    )  # fmt: skip
+    if cancel_after is not None:
+        job.on_record = lambda rec: job.cancel.set() if len(job.records) >= cancel_after else None
+    original, run_lockstep = batch_module.BatchedCartPole.fits, batch_module.BatchJob._run_lockstep
+    used: list[bool] = []
+
+    def spy(self, envs):  # type: ignore[no-untyped-def]
+        used.append(True)
+        return run_lockstep(self, envs)
+
+    try:
+        batch_module.BatchJob._run_lockstep = spy  # type: ignore[method-assign]
+        if not lockstep:
+            batch_module.BatchedCartPole.fits = staticmethod(lambda envs: False)  # type: ignore[method-assign]
+        thread = threading.Thread(target=job.run)
+        thread.start()
+        thread.join()
+    finally:
+        batch_module.BatchedCartPole.fits = original  # type: ignore[method-assign]
+        batch_module.BatchJob._run_lockstep = run_lockstep  # type: ignore[method-assign]
+    assert bool(used) == (lockstep and episodes >= MIN_BATCHED_COPIES)
+    return job
+
+
+@pytest.mark.parametrize("official", [False, True])
+@pytest.mark.parametrize(
+    "second_row",
+    [
+        (0.0, 0.5, 10.0, 2.0),  # balances: episodes run to the time limit (truncated at 500)
+        (0.05, 0.5, 10.0, 2.0),  # balances while drifting: some reach the track edge (safety events)
+        (0.0, 0.0, 1.0, 0.0),  # falls within a few dozen steps (terminated)
+    ],
+)
+@pytest.mark.parametrize("episodes", [1, 15, 16, 45])
+def test_lockstep_batch_gives_the_episodes_of_the_sequential_batch(second_row, episodes, official):
+    """Same records, field for field, as running the episodes one after another: returns, lengths,
+    safety counts, commitments, terminated/truncated, headline values."""
+    from ale.policy import linear_policy
+
+    raw = linear_policy(np.array([[0.0, 0.0, 0.0, 0.0], second_row]), output="discrete")
+    fast = _batch_records(raw, episodes, lockstep=True, official=official)
+    slow = _batch_records(raw, episodes, lockstep=False, official=official)
+    assert fast.state == slow.state == pb.BATCH_STATE_DONE
+    by_index = sorted(fast.records, key=lambda r: r.index)
+    assert [r.index for r in by_index] == list(range(episodes))
+    assert by_index == slow.records
+    if episodes == 45:  # the runs cover what an episode can do
+        outcomes = {(r.terminated, r.truncated) for r in slow.records}
+        assert outcomes & {(True, False), (False, True)}
+
+
+def test_a_cancelled_lockstep_batch_aborts_every_episode_in_flight():
+    from ale.policy import linear_policy
+
+    theta = np.array((1.0, 0.3, 0.02, 0.1))
+    raw = linear_policy(np.stack([-theta, theta]), output="discrete")
+    job = _batch_records(raw, 200, lockstep=True, cancel_after=1)
+    assert job.state == pb.BATCH_STATE_FAILED
+    aborted = [r for r in job.records if r.aborted]
+    assert aborted
+    assert all(r.abort_reason == "session_closed" for r in aborted)
+    assert len({r.index for r in job.records}) == len(job.records) < 200
