@@ -15,7 +15,7 @@ from pathlib import Path
 from ale_evaluator import __version__
 from ale_evaluator.events import EventLog
 from ale_evaluator.seeds import RunConfig, RunConfigError
-from ale_evaluator.server import start, unix_address
+from ale_evaluator.server import default_rpc_cpu, keep_to_cpu, start, unix_address
 from ale_evaluator.service import EvaluatorState
 
 from ale import catalog
@@ -57,8 +57,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except catalog.UnknownTaskError as exc:
         raise CliError(str(exc)) from None
     config = _read_run_config(args)
+    rpc_cpu = default_rpc_cpu() if args.rpc_cpu == "auto" else None if args.rpc_cpu == "none" else int(args.rpc_cpu)
+    all_cpus = None
+    if rpc_cpu is not None:  # before any thread starts, so that the gRPC threads inherit it
+        try:
+            all_cpus = keep_to_cpu(rpc_cpu)
+        except (ValueError, OSError) as exc:
+            raise CliError(f"--rpc-cpu: {exc}") from None
     events_stream = open(args.events, "a", encoding="utf-8", buffering=1) if args.events else None  # noqa: SIM115
-    state = EvaluatorState(task, config, events=EventLog(events_stream))
+    state = EvaluatorState(task, config, events=EventLog(events_stream), batch_cpus=all_cpus)
     agent = _address(args.agent_socket, args.agent_address, "agent")
     harness = _address(args.harness_socket, args.harness_address, "harness")
     try:
@@ -78,6 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "agent": running.agent_address,
                 "harness": running.harness_address,
                 "evaluator_version": __version__,
+                "rpc_cpu": rpc_cpu,
             }
         ),
         flush=True,
@@ -107,6 +115,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return run_demo(task, Path(tmp), episodes=args.episodes, out=sys.stdout)
 
 
+def _rpc_cpu(value: str) -> str:
+    if value in ("auto", "none") or (value.isdigit() and len(value) <= 4):
+        return value
+    raise argparse.ArgumentTypeError(f"expected a CPU number, 'auto' or 'none', got {value!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ale-evaluator", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -123,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--run-config-file", help="read the run configuration from this file")
     serve.add_argument("--events", help="append the evaluator's JSONL event log to this file")
     serve.add_argument("--workers", type=int, default=4, help="gRPC worker threads per endpoint (default 4)")
+    serve.add_argument(
+        "--rpc-cpu",
+        default="auto",
+        type=_rpc_cpu,
+        help="keep the serving threads on this CPU: a number, 'none', or 'auto' (the last CPU when there are"
+        " two or more; default). Batch evaluations still use every CPU.",
+    )
     serve.set_defaults(func=cmd_serve)
 
     tasks = sub.add_parser("tasks", help="list the installed tasks")

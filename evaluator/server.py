@@ -29,6 +29,26 @@ def unix_address(path: str | os.PathLike[str]) -> str:
     return f"unix:{os.fspath(path)}"
 
 
+def default_rpc_cpu() -> int | None:
+    """The CPU the RPC path keeps to by default: the last one this process may use, if it may use two
+    or more (one CPU: nothing to choose)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return cpus[-1] if len(cpus) >= 2 else None
+
+
+def keep_to_cpu(cpu: int) -> frozenset[int]:
+    """Keep the calling thread, and every thread it starts from now on, on ``cpu``; return the CPUs
+    it had. (Linux affinity is per thread and inherited.) A Step is a round trip between two
+    processes: a serving thread that stays on one core keeps its environments in that core's cache
+    instead of following the client around; the bench measured 0.52 -> 0.59-0.65 (CartPole) and
+    0.61 -> 0.71-0.72 (InvertedPendulum) for K=64 vector steps, remote against in-process."""
+    before = frozenset(os.sched_getaffinity(0))
+    if cpu not in before:
+        raise ValueError(f"CPU {cpu} is not one this process may use ({sorted(before)})")
+    os.sched_setaffinity(0, {cpu})
+    return before
+
+
 def _serve_one(state: EvaluatorState, role: str, address: str, *, workers: int) -> tuple[grpc.Server, str]:
     server = grpc.server(
         ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ale-{role}"),

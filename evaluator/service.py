@@ -11,6 +11,7 @@ session, and then only GetSpec, Reset and Step (the policy's handle).
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import threading
 import time
@@ -65,8 +66,16 @@ class EvaluatorState:
     """What both endpoints share: environments, sessions, batches, the run's secret."""
 
     def __init__(
-        self, task: Task, config: RunConfig, *, events: EventLog | None = None, limits: Limits | None = None
+        self,
+        task: Task,
+        config: RunConfig,
+        *,
+        events: EventLog | None = None,
+        limits: Limits | None = None,
+        batch_cpus: frozenset[int] | None = None,
     ) -> None:
+        """``batch_cpus``: the CPUs the batch thread may use (when the RPC path keeps to one, batches
+        must not: they are long computations that should have every core)."""
         self.task = task
         self.domain = _domain_for(task)
         self.config = config
@@ -77,7 +86,11 @@ class EvaluatorState:
         self.sessions: dict[str, EvalSession] = {}
         self.batches: dict[str, BatchJob] = {}
         self.closed_ids: dict[str, str] = {}
-        self.batch_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ale-batch")
+        self.batch_pool = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="ale-batch",
+            initializer=(lambda: os.sched_setaffinity(0, batch_cpus)) if batch_cpus else None,
+        )
         self.version = __version__
 
     def shutdown(self) -> None:

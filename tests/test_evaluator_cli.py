@@ -292,3 +292,71 @@ def test_demo_runs_end_to_end():
     assert "official result: mean_return" in result.stdout
     assert "2/2 episodes passed, complete=True" in result.stdout
     assert time.monotonic() - started < 60
+
+
+# -- the RPC path keeps to one CPU -------------------------------------------------------------------
+
+
+def _allowed(pid: int, tid: int | None = None) -> set[int]:
+    path = f"/proc/{pid}/status" if tid is None else f"/proc/{pid}/task/{tid}/status"
+    line = next(x for x in Path(path).read_text().splitlines() if x.startswith("Cpus_allowed_list:"))
+    out: set[int] = set()
+    for part in line.split(":", 1)[1].strip().split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def _comm(pid: int, tid: int) -> str:
+    return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+
+
+def test_serve_keeps_its_threads_to_one_cpu_but_not_its_batches(sock_dir):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to keep to")
+    proc = run_with_config_fd(serve_args(sock_dir), CONFIG_JSON)
+    try:
+        ready = json.loads(read_line(proc))
+        assert ready["rpc_cpu"] == cpus[-1]
+        agent = AleEnvClient(ready["agent"], timeout=30)
+        assert agent.get_spec().task_id == "cartpole-balance"
+        threads = {int(t) for t in os.listdir(f"/proc/{proc.pid}/task")}
+        grpc_threads = [t for t in threads if _comm(proc.pid, t).startswith(("grpc", "event_engine", "lifeguard"))]
+        assert grpc_threads
+        # The main thread and every thread started after it: gRPC's own and the handlers (threads a
+        # library started while being imported, before, such as a BLAS pool, keep theirs).
+        assert _allowed(proc.pid, proc.pid) == {cpus[-1]}
+        assert all(_allowed(proc.pid, t) == {cpus[-1]} for t in grpc_threads)
+        from ale.policy import linear_policy
+
+        batch = agent.submit_batch_eval(linear_policy(np.zeros((2, 4)), output="discrete"), num_episodes=2, seed=1)
+        agent.get_batch_eval_status(batch.batch_id, wait_ms=10_000)
+        new = {int(t) for t in os.listdir(f"/proc/{proc.pid}/task")} - threads
+        assert any(_allowed(proc.pid, t) == set(cpus) for t in new), "the batch thread may use every CPU"
+        agent.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+@pytest.mark.parametrize(("value", "message"), [("abc", "expected a CPU number"), ("99999", "expected a CPU"),
+                                                ("4096", "not one this process may use")])  # fmt: skip
+def test_a_bad_rpc_cpu_is_refused(sock_dir, value, message):
+    config = sock_dir / "config.json"
+    config.write_bytes(CONFIG_JSON)
+    result = run(*serve_args(sock_dir), "--run-config-file", str(config), "--rpc-cpu", value)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_rpc_cpu_none_leaves_affinity_alone(sock_dir):
+    proc = run_with_config_fd([*serve_args(sock_dir), "--rpc-cpu", "none"], CONFIG_JSON)
+    try:
+        ready = json.loads(read_line(proc))
+        assert ready["rpc_cpu"] is None
+        assert _allowed(proc.pid) == set(os.sched_getaffinity(0))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
