@@ -40,8 +40,7 @@ def keep_to_cpu(cpu: int) -> frozenset[int]:
     """Keep the calling thread, and every thread it starts from now on, on ``cpu``; return the CPUs
     it had. (Linux affinity is per thread and inherited.) A Step is a round trip between two
     processes: a serving thread that stays on one core keeps its environments in that core's cache
-    instead of following the client around; the bench measured 0.52 -> 0.59-0.65 (CartPole) and
-    0.61 -> 0.71-0.72 (InvertedPendulum) for K=64 vector steps, remote against in-process."""
+    instead of following the client around (docs/protocol.md has what the bench measured)."""
     before = frozenset(os.sched_getaffinity(0))
     if cpu not in before:
         raise ValueError(f"CPU {cpu} is not one this process may use ({sorted(before)})")
