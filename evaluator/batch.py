@@ -16,7 +16,7 @@ import attrs
 import gymnasium as gym
 import numpy as np
 from ale_evaluator import episodes
-from ale_evaluator.domains import Domain
+from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.envs import MIN_BATCHED_COPIES, BatchedCartPole, make_env
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
 
@@ -89,11 +89,17 @@ class BatchJob:
     def _run(self) -> None:
         self.state = pb.BATCH_STATE_RUNNING
         slots = min(self.num_episodes, LOCKSTEP_SLOTS)
+        envs: list[gym.Env] = []
         try:
-            envs = [make_env(self.task) for _ in range(slots if slots >= MIN_BATCHED_COPIES else 1)]
+            envs.append(make_env(self.task))
+            # More copies only for a task that steps in lockstep (CartPole), never to find out.
+            if slots >= MIN_BATCHED_COPIES and BatchedCartPole.fits(envs):
+                envs += [make_env(self.task) for _ in range(slots - 1)]
         except Exception:  # pragma: no cover - the task's own environment failed to build
             log.exception("batch %s: could not build the environment", self.batch_id)
             self.error, self.state = "the evaluator could not build the environment", pb.BATCH_STATE_FAILED
+            for env in envs:
+                env.close()
             return
         try:
             if len(envs) > 1 and BatchedCartPole.fits(envs):
@@ -135,7 +141,7 @@ class BatchJob:
         start = int(space.start)
         act, cancelled = self.policy.act, self.cancel.is_set
         next_index = 0
-        slots: list[tuple[int, bytes, episodes.EpisodeMeter] | None] = [None] * len(envs)
+        slots: list[tuple[int, bytes, EpisodeMeter] | None] = [None] * len(envs)
         obs = np.empty((len(envs), *envs[0].observation_space.shape), dtype=envs[0].observation_space.dtype)
 
         def begin(i: int) -> None:
@@ -144,9 +150,8 @@ class BatchJob:
                 slots[i] = None
                 return
             index, next_index = next_index, next_index + 1
-            seed = self.seed(index)
-            obs[i], _ = envs[i].reset(seed=seed)
-            slots[i] = (index, commitment(self.config, seed), self.domain.meter(envs[i]))
+            obs[i], commit, meter = self._begin(envs[i], index)
+            slots[i] = (index, commit, meter)
 
         for i in range(len(envs)):
             begin(i)
@@ -177,11 +182,14 @@ class BatchJob:
                     begin(i)
         self.state = pb.BATCH_STATE_DONE
 
-    def _episode(self, env: gym.Env, index: int) -> episodes.EpisodeRecord:
+    def _begin(self, env: gym.Env, index: int) -> tuple[np.ndarray, bytes, EpisodeMeter]:
+        """Episode ``index`` starts: its copy reset with its seed; (observation, commitment, meter)."""
         seed = self.seed(index)
-        commit = commitment(self.config, seed)
         obs, _ = env.reset(seed=seed)
-        meter = self.domain.meter(env)
+        return obs, commitment(self.config, seed), self.domain.meter(env)
+
+    def _episode(self, env: gym.Env, index: int) -> episodes.EpisodeRecord:
+        obs, commit, meter = self._begin(env, index)
         space = env.action_space
         discrete = isinstance(space, gym.spaces.Discrete)
         low = None if discrete else space.low.astype(np.float64)
