@@ -442,7 +442,8 @@ def split_chunks(stream: bytes, parts: int) -> list[tuple[bytes, int]]:
             continue
         piece = stream[start:end]
         chunks.append((piece, line))
-        line += piece.count(b"\n")
+        if end < len(stream):  # the next chunk's first line (the last chunk has no next)
+            line += piece.count(b"\n")
         start = end
     return chunks
 
