@@ -135,31 +135,21 @@ def floats_agree(values: list[Any] | tuple[Any, ...]) -> bool:
     return True
 
 
-def parse_canonical_span(
-    buffer: bytes, start: int, end: int, *, bmp_only: bool = False, floats: bool = True
-) -> Any | None:
-    """``buffer[start:end]`` parsed, if it is provably the canonical JSON of what it holds; else None.
+def parse_canonical(raw: bytes) -> Any | None:
+    """``raw`` parsed, if it is provably the canonical JSON of what it holds; else None.
 
     None means "not proven", not "not canonical": the caller decides with the reference path
     (:func:`canonical_json` of the strictly parsed value compared with the bytes), which also
     names the fault. A value is only returned for bytes that path would accept, and it is the same
-    value. ``bmp_only`` says the caller knows the span holds no character outside the BMP (an
-    ASCII buffer, say), so it is not searched for one. ``floats=False`` leaves the search for
-    floats orjson writes differently to the caller (:func:`floats_agree` on the parts of the value
-    that may hold floats; the caller must prove the rest holds none).
+    value. (``ale.core.trajectory.check_chunk`` writes these steps out in its hot loop.)
     """
-    if not bmp_only and NON_BMP.search(buffer, start, end):
+    if not raw.isascii() and NON_BMP.search(raw):
         return None
     try:
-        value = orjson.loads(memoryview(buffer)[start:end])
+        value = orjson.loads(raw)
         again = orjson.dumps(value, option=ORJSON_OPTIONS)
     except (orjson.JSONDecodeError, orjson.JSONEncodeError):
         return None
-    if len(again) != end - start or not buffer.startswith(again, start) or (floats and not floats_agree([value])):
+    if again != raw or not floats_agree([value]):
         return None
     return value
-
-
-def parse_canonical(raw: bytes) -> Any | None:
-    """``raw`` parsed, if it is provably canonical JSON; else None (see :func:`parse_canonical_span`)."""
-    return parse_canonical_span(raw, 0, len(raw), bmp_only=raw.isascii())

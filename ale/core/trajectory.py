@@ -42,7 +42,7 @@ from ale.core.canonical import (
     canonical_json,
     encode_prepared,
     floats_agree,
-    parse_canonical_span,
+    parse_canonical,
     prepare,
 )
 
@@ -163,7 +163,7 @@ def _strict_parse(raw: bytes, number: int) -> dict[str, Any]:
 def _parse_line(raw: bytes, number: int) -> dict[str, Any]:
     if len(raw) > MAX_LINE_BYTES:
         raise ChainError("line_too_long", number, f"line of {len(raw)} bytes exceeds {MAX_LINE_BYTES}")
-    event = parse_canonical_span(raw, 0, len(raw), bmp_only=raw.isascii())
+    event = parse_canonical(raw)
     return event if type(event) is dict else _strict_parse(raw, number)
 
 
@@ -309,7 +309,7 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
             number += 1
             if end - start > MAX_LINE_BYTES:
                 raise ChainError("line_too_long", number, f"line of {end - start} bytes exceeds {MAX_LINE_BYTES}")
-            # The line's form: ale.core.canonical.parse_canonical_span(floats=False), written out.
+            # The line's form: ale.core.canonical.parse_canonical written out, its float walk narrowed.
             # Floats can only be in monotonic and data, as the field checks below prove for the rest.
             event: Any = None
             members: tuple[Any, ...] | None = None
