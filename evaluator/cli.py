@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ale_evaluator import __version__
 from ale_evaluator.events import EventLog
+from ale_evaluator.parallel import MAX_STEP_THREADS
 from ale_evaluator.seeds import RunConfig, RunConfigError
 from ale_evaluator.server import default_rpc_cpu, keep_to_cpu, start, unix_address
 from ale_evaluator.service import EvaluatorState
@@ -65,7 +66,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except (ValueError, OSError) as exc:
             raise CliError(f"--rpc-cpu: {exc}") from None
     events_stream = open(args.events, "a", encoding="utf-8", buffering=1) if args.events else None  # noqa: SIM115
-    state = EvaluatorState(task, config, events=EventLog(events_stream), batch_cpus=all_cpus)
+    step_threads = None if args.step_threads == "auto" else int(args.step_threads)
+    state = EvaluatorState(task, config, events=EventLog(events_stream), batch_cpus=all_cpus, step_threads=step_threads)
     agent = _address(args.agent_socket, args.agent_address, "agent")
     harness = _address(args.harness_socket, args.harness_address, "harness")
     try:
@@ -86,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                 "harness": running.harness_address,
                 "evaluator_version": __version__,
                 "rpc_cpu": rpc_cpu,
+                "step_threads": state.step_pool.threads,
             }
         ),
         flush=True,
@@ -121,6 +124,14 @@ def _rpc_cpu(value: str) -> str:
     raise argparse.ArgumentTypeError(f"expected a CPU number, 'auto' or 'none', got {value!r}")
 
 
+def _step_threads(value: str) -> str:
+    if value == "auto" or (value.isdigit() and len(value) <= 2 and 1 <= int(value) <= MAX_STEP_THREADS):
+        return value
+    raise argparse.ArgumentTypeError(
+        f"expected 'auto' or a number of threads from 1 to {MAX_STEP_THREADS}, got {value[:40]!r}"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ale-evaluator", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -143,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_rpc_cpu,
         help="keep the serving threads on this CPU: a number, 'none', or 'auto' (the last CPU when there are"
         " two or more; default). Batch evaluations still use every CPU.",
+    )
+    serve.add_argument(
+        "--step-threads",
+        default="auto",
+        type=_step_threads,
+        help="threads that step the copies of a MuJoCo vector env, the serving thread included: a number"
+        " (1: no helpers) or 'auto' (one per CPU the process may use, at most 8; default)",
     )
     serve.set_defaults(func=cmd_serve)
 

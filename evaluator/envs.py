@@ -18,6 +18,7 @@ import numpy as np
 from ale_evaluator import episodes
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.errors import invalid, precondition
+from ale_evaluator.parallel import ParallelMujoco, StepPool
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
 
 from ale.catalog import Task
@@ -150,6 +151,7 @@ class EnvGroup:
     autoreset: int
     official: bool
     owner: str  # the endpoint that created it: "agent" | "harness"
+    step_pool: StepPool | None = None  # threads to step MuJoCo copies on (ale_evaluator.parallel)
     envs: list[gym.Env] = attrs.field(init=False)
     meters: list[EpisodeMeter | None] = attrs.field(init=False)
     lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
@@ -157,12 +159,15 @@ class EnvGroup:
     session: EvalSession | None = attrs.field(init=False, default=None)
     closed: str = attrs.field(init=False, default="")  # why, once closed
     batched: BatchedCartPole | None = attrs.field(init=False, default=None)
+    parallel: ParallelMujoco | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self.envs = [make_env(self.task) for _ in range(self.num_envs)]
         self.meters = [None] * self.num_envs
         if self.num_envs >= MIN_BATCHED_COPIES and BatchedCartPole.fits(self.envs):
             self.batched = BatchedCartPole(self.envs)
+        elif self.step_pool is not None and self.step_pool.threads > 1 and ParallelMujoco.mode_for(self.envs):
+            self.parallel = ParallelMujoco(self.envs, self.step_pool)
 
     @property
     def observation_space(self) -> gym.Space:
@@ -200,6 +205,9 @@ class EnvGroup:
         actions = check_actions(self.action_space, self.num_envs, action)
         if self.batched is not None:
             obs, reward, terminated, truncated = self.batched.step(actions)
+        elif self.parallel is not None:
+            obs = self._obs_batch()
+            reward, terminated, truncated = self.parallel.step(actions, obs)
         else:
             obs, reward, terminated, truncated = self._step_copies(actions)
         envs, meters, domain = self.envs, self.meters, self.domain

@@ -11,7 +11,6 @@ session, and then only GetSpec, Reset and Step (the policy's handle).
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import threading
 import time
@@ -29,6 +28,7 @@ from ale_evaluator.envs import EnvGroup, EvalSession
 from ale_evaluator.episodes import EpisodeRecord
 from ale_evaluator.errors import RpcError, denied, exhausted, invalid, not_found, precondition
 from ale_evaluator.events import SUMMARISED, EventLog
+from ale_evaluator.parallel import StepPool, default_step_threads, init_helper_thread
 from ale_evaluator.seeds import RunConfig
 from google.protobuf.message import DecodeError, Message
 
@@ -73,9 +73,13 @@ class EvaluatorState:
         events: EventLog | None = None,
         limits: Limits | None = None,
         batch_cpus: frozenset[int] | None = None,
+        step_threads: int | None = None,
     ) -> None:
-        """``batch_cpus``: the CPUs the batch thread may use (when the RPC path keeps to one, batches
-        must not: they are long computations that should have every core)."""
+        """``batch_cpus``: the CPUs the batch thread and the step helpers may use (when the RPC path
+        keeps to one, they must not: batches are long computations that should have every core, and
+        a helper on the serving thread's CPU would only take turns with it). ``step_threads``: how
+        many threads step a MuJoCo vector env's copies (the serving thread included; 1: it alone;
+        default: one per CPU in ``batch_cpus``, see ``ale_evaluator.parallel``)."""
         self.task = task
         self.domain = _domain_for(task)
         self.config = config
@@ -89,8 +93,10 @@ class EvaluatorState:
         self.batch_pool = ThreadPoolExecutor(
             max_workers=1,
             thread_name_prefix="ale-batch",
-            initializer=(lambda: os.sched_setaffinity(0, batch_cpus)) if batch_cpus else None,
+            initializer=init_helper_thread,
+            initargs=("ale-batch", batch_cpus),
         )
+        self.step_pool = StepPool(step_threads or default_step_threads(batch_cpus), batch_cpus)
         self.version = __version__
 
     def shutdown(self) -> None:
@@ -102,6 +108,7 @@ class EvaluatorState:
                 with group.lock:
                     group.close("the evaluator shut down")
             self.groups.clear()
+        self.step_pool.shutdown()
         self.events.close()
 
     def spec(self, group: EnvGroup | None) -> pb.EnvSpec:
@@ -226,6 +233,7 @@ class AleEnvServicer:
             autoreset=req.autoreset_mode,
             official=req.official,
             owner=self.role,
+            step_pool=st.step_pool,
         )
         spec = st.spec(group)
         try:

@@ -333,7 +333,9 @@ def test_serve_keeps_its_threads_to_one_cpu_but_not_its_batches(sock_dir):
         batch = agent.submit_batch_eval(linear_policy(np.zeros((2, 4)), output="discrete"), num_episodes=2, seed=1)
         agent.get_batch_eval_status(batch.batch_id, wait_ms=10_000)
         new = {int(t) for t in os.listdir(f"/proc/{proc.pid}/task")} - threads
-        assert any(_allowed(proc.pid, t) == set(cpus) for t in new), "the batch thread may use every CPU"
+        batch_threads = [t for t in new if _comm(proc.pid, t) == "ale-batch"]
+        assert len(batch_threads) == 1
+        assert _allowed(proc.pid, batch_threads[0]) == set(cpus), "the batch thread may use every CPU"
         agent.close()
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -357,6 +359,57 @@ def test_rpc_cpu_none_leaves_affinity_alone(sock_dir):
         ready = json.loads(read_line(proc))
         assert ready["rpc_cpu"] is None
         assert _allowed(proc.pid) == set(os.sched_getaffinity(0))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_step_helpers_use_every_cpu_while_the_serving_threads_keep_to_one(sock_dir):
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: no step helpers")
+    proc = run_with_config_fd(serve_args(sock_dir, "pendulum-lqr"), CONFIG_JSON)
+    try:
+        ready = json.loads(read_line(proc))
+        assert ready["rpc_cpu"] == cpus[-1]
+        assert ready["step_threads"] == min(len(cpus), 8)
+        agent = AleEnvClient(ready["agent"], timeout=30)
+        created = agent.create_env(task_id="pendulum-lqr", num_envs=16)
+        agent.reset(created.env_id, 0)
+        reply = agent.step(created.env_id, np.zeros((16, 1), dtype=np.float32))
+        assert len(reply.reward.data) == 16 * 8
+        helpers = [
+            t for t in map(int, os.listdir(f"/proc/{proc.pid}/task")) if _comm(proc.pid, t).startswith("ale-step")
+        ]
+        assert helpers, "a 16-copy InvertedPendulum group steps on helper threads"
+        assert all(_allowed(proc.pid, t) == set(cpus) for t in helpers)
+        agent.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("value", ["0", "9", "-1", "two", "", "1" * 5000, "auto "])
+def test_a_bad_step_threads_is_refused(sock_dir, value):
+    result = run(*serve_args(sock_dir), "--step-threads", value)
+    assert result.returncode == 2
+    assert "expected 'auto' or a number of threads from 1 to 8" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr) < 2000
+
+
+def test_one_step_thread_means_no_helpers(sock_dir):
+    proc = run_with_config_fd([*serve_args(sock_dir, "pendulum-lqr"), "--step-threads", "1"], CONFIG_JSON)
+    try:
+        ready = json.loads(read_line(proc))
+        assert ready["step_threads"] == 1
+        agent = AleEnvClient(ready["agent"], timeout=30)
+        created = agent.create_env(task_id="pendulum-lqr", num_envs=16)
+        agent.reset(created.env_id, 0)
+        agent.step(created.env_id, np.zeros((16, 1), dtype=np.float32))
+        names = [_comm(proc.pid, int(t)) for t in os.listdir(f"/proc/{proc.pid}/task")]
+        assert not any(n.startswith("ale-step") for n in names)
+        agent.close()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)

@@ -1,8 +1,9 @@
 """How the evaluator steps the K copies of a vector env: fast paths must not change a single bit.
 
 CartPole groups of 16 or more copies step as one batch with gymnasium's own CartPoleVectorEnv
-dynamics (``BatchedCartPole``); everything else steps each copy with its own ``env.step``. Both
-must give exactly what stepping every copy on its own gives: observations, rewards, flags, costs,
+dynamics (``BatchedCartPole``); Hopper and InvertedPendulum groups of 8 or more step their copies on
+several threads (``ParallelMujoco``); everything else steps each copy with its own ``env.step``. Every
+way must give exactly what stepping every copy on its own gives: observations, rewards, flags, costs,
 final observations, the recorded episodes, and each copy's state afterwards.
 """
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from ale_evaluator.domains import DOMAINS
 from ale_evaluator.envs import MIN_BATCHED_COPIES, EnvGroup, make_env
+from ale_evaluator.parallel import MIN_PARALLEL_COPIES, ParallelMujoco, StepPool
 
 from ale import catalog
 from ale.env.v1 import env_pb2 as pb
@@ -19,7 +21,7 @@ from ale.env.v1 import env_pb2 as pb
 OUTPUTS = ("observation", "reward", "terminated", "truncated", "cost", "final_observation")
 
 
-def group(task_id: str, k: int, autoreset: int, *, batched: bool = True) -> EnvGroup:
+def group(task_id: str, k: int, autoreset: int, *, batched: bool = True, pool: StepPool | None = None) -> EnvGroup:
     task = catalog.get_task(task_id)
     g = EnvGroup(
         env_id=f"env-{k}",
@@ -29,6 +31,7 @@ def group(task_id: str, k: int, autoreset: int, *, batched: bool = True) -> EnvG
         autoreset=autoreset,
         official=False,
         owner="agent",
+        step_pool=pool,
     )
     if not batched:
         g.batched = None
@@ -130,6 +133,188 @@ def test_batched_cartpole_matches_sync_vector_env_with_same_step_autoreset():
 @pytest.mark.parametrize(("task_id", "k"), [("cartpole-balance", MIN_BATCHED_COPIES - 1), ("pendulum-lqr", 64)])
 def test_other_groups_step_each_copy(task_id, k):
     assert group(task_id, k, pb.AUTORESET_MODE_SAME_STEP).batched is None
+
+
+# -- MuJoCo copies stepped on several threads ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = StepPool(3)  # more threads than this machine may have CPUs: the chunking is what is tested
+    yield p
+    p.shutdown()
+
+
+def mujoco_state(g: EnvGroup) -> list[bytes]:
+    """Everything a copy carries into its next step (and what mj_rnePostConstraint left behind)."""
+    import mujoco
+
+    out = []
+    for env in g.envs:
+        raw = env.unwrapped
+        m, d = raw.model, raw.data
+        state = np.empty(mujoco.mj_stateSize(m, mujoco.mjtState.mjSTATE_INTEGRATION))
+        mujoco.mj_getState(m, d, state, mujoco.mjtState.mjSTATE_INTEGRATION)
+        out.append(b"".join(a.tobytes() for a in (state, d.qacc, d.cacc, d.cfrc_int, d.cfrc_ext, d.ctrl)))
+        out.append(np.array([env._elapsed_steps]).tobytes())
+    return out
+
+
+def mujoco_actions(g: EnvGroup, rng: np.random.Generator) -> np.ndarray:
+    """Balancing/standing feedback: the first quarter of the copies with little noise (full-length,
+    truncated episodes), the others with much more (falls); on the pendulum the second quarter has a
+    wrong-sign cart gain that runs the slider into its end stops (the constraint solver and its warm
+    start at work)."""
+    space, k = g.action_space, g.num_envs
+    obs = np.array([np.concatenate([env.unwrapped.data.qpos, env.unwrapped.data.qvel]) for env in g.envs])
+    quarter = np.arange(k) * 4 // k
+    calm = quarter < 2 if g.task.spec.gym_id.startswith("InvertedPendulum") else quarter == 0
+    if g.task.spec.gym_id.startswith("InvertedPendulum"):
+        cart_gain = np.where(quarter == 1, -0.5, 1.0)
+        act = (cart_gain * obs[:, 0] + obs[:, 1:] @ np.array([5.0, 0.3, 0.5]))[:, None]
+        act += np.where(calm, 0.02, 0.3)[:, None] * rng.standard_normal((k, 1))
+        act[~calm & (rng.random(k) < 0.03)] = 3.0
+    else:
+        act = np.stack([-5.0 * obs[:, 3 + j] - 0.5 * obs[:, 9 + j] for j in range(3)], axis=1)
+        act += np.where(calm, 0.1, 1.5)[:, None] * rng.standard_normal(act.shape)
+    return np.clip(act, space.low, space.high).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("task_id", "k", "autoreset", "steps", "mode"),
+    [
+        ("pendulum-lqr", 16, pb.AUTORESET_MODE_SAME_STEP, 1100, "pendulum"),
+        ("pendulum-lqr", MIN_PARALLEL_COPIES, pb.AUTORESET_MODE_DISABLED, 300, "pendulum"),
+        ("hopper-hop", 9, pb.AUTORESET_MODE_SAME_STEP, 400, "threads"),
+    ],
+)
+def test_parallel_mujoco_is_bit_identical_to_stepping_each_copy(pool, task_id, k, autoreset, steps, mode):
+    fast, slow = group(task_id, k, autoreset, pool=pool), group(task_id, k, autoreset)
+    assert fast.parallel is not None
+    assert fast.parallel.mode == mode
+    assert slow.parallel is None
+    assert fast.reset(11).tobytes() == slow.reset(11).tobytes()
+    rng = np.random.default_rng(3)
+    ends = {"terminated": 0, "truncated": 0}
+    constrained = 0  # steps on which some copy had an active constraint (contact, joint limit)
+    for _ in range(steps):
+        if autoreset == pb.AUTORESET_MODE_DISABLED and any(m.done for m in fast.meters):
+            assert [m.done for m in fast.meters] == [m.done for m in slow.meters]
+            seed = int(rng.integers(1 << 30))
+            assert fast.reset(seed).tobytes() == slow.reset(seed).tobytes()
+        action = mujoco_actions(fast, rng)
+        a, b = fast.step(action), slow.step(action)
+        assert_same_step(a, b)
+        for _, m in a[1]:
+            ends["terminated" if m.terminated else "truncated"] += 1
+        assert mujoco_state(fast) == mujoco_state(slow)
+        constrained += any(env.unwrapped.data.nefc for env in fast.envs)
+    if autoreset == pb.AUTORESET_MODE_SAME_STEP:  # (without, the first fall resets every copy)
+        assert constrained > 0
+    assert ends["terminated"] > 0
+    if steps > 1000:
+        assert ends["truncated"] > 0
+
+
+def test_parallel_mujoco_matches_sync_vector_env_with_same_step_autoreset(pool):
+    """Against gymnasium's SyncVectorEnv itself (SAME_STEP), as for BatchedCartPole."""
+    import functools
+
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    task = catalog.get_task("pendulum-lqr")
+    k = 12
+    g = group("pendulum-lqr", k, pb.AUTORESET_MODE_SAME_STEP, pool=pool)
+    assert g.parallel is not None
+    ref = SyncVectorEnv([functools.partial(make_env, task)] * k, autoreset_mode=AutoresetMode.SAME_STEP)
+    obs_ref, _ = ref.reset(seed=[7 + i for i in range(k)])
+    assert g.reset(7).tobytes() == obs_ref.tobytes()
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        action = mujoco_actions(g, rng)
+        out, _ = g.step(action)
+        o, r, term, trunc, info = ref.step(action)
+        assert out.observation.tobytes() == o.tobytes()
+        assert out.reward.tobytes() == r.astype(np.float64).tobytes()
+        assert (out.terminated == term).all()
+        assert (out.truncated == trunc).all()
+        done = term | trunc
+        if done.any():
+            assert out.final_observation[done].tobytes() == np.stack(info["final_obs"][done]).tobytes()
+    ref.close()
+
+
+def test_small_or_single_threaded_or_other_groups_step_each_copy(pool):
+    assert group("pendulum-lqr", MIN_PARALLEL_COPIES - 1, pb.AUTORESET_MODE_SAME_STEP, pool=pool).parallel is None
+    assert group("pendulum-lqr", 64, pb.AUTORESET_MODE_SAME_STEP, pool=StepPool(1)).parallel is None
+    assert group("reacher-jacobian", 16, pb.AUTORESET_MODE_SAME_STEP, pool=pool).parallel is None
+    assert group("cartpole-balance", 64, pb.AUTORESET_MODE_SAME_STEP, pool=pool).parallel is None
+
+
+def test_the_pendulum_way_mirrors_the_installed_gymnasium(monkeypatch):
+    """The ``pendulum`` way computes InvertedPendulumEnv.step's expressions itself: it is used only
+    while gymnasium's code is the code it mirrors. A gymnasium that changes it fails here first (check
+    the mirror against the new code, then update PENDULUM_CODE_SHA256); meanwhile it is not used."""
+    from ale_evaluator import parallel
+    from gymnasium.envs.mujoco.inverted_pendulum_v5 import InvertedPendulumEnv
+
+    assert parallel.pendulum_code_matches()
+    envs = [make_env(catalog.get_task("pendulum-lqr")) for _ in range(MIN_PARALLEL_COPIES)]
+    assert ParallelMujoco.mode_for(envs) == "pendulum"
+
+    original = InvertedPendulumEnv.step
+
+    def step(self, action):  # the same behaviour, other code: not what the mirror was checked against
+        return original(self, action)
+
+    monkeypatch.setattr(InvertedPendulumEnv, "step", step)
+    parallel.pendulum_code_sha256.cache_clear()
+    try:
+        assert not parallel.pendulum_code_matches()
+        assert ParallelMujoco.mode_for(envs) is None
+    finally:
+        monkeypatch.undo()
+        parallel.pendulum_code_sha256.cache_clear()
+    assert ParallelMujoco.mode_for(envs) == "pendulum"
+    envs[3].unwrapped.step = lambda action: None  # a patched copy is not the code mirrored either
+    assert ParallelMujoco.mode_for(envs) is None
+
+
+def test_step_pool_runs_every_chunk_and_raises_the_first_error():
+    p = StepPool(3)
+    try:
+        for n in (0, 1, 2, 3, 7, 64):
+            seen: list[tuple[int, int]] = []
+            p.run(lambda lo, hi, seen=seen: seen.append((lo, hi)), n)
+            assert sorted(seen)[0][0] == 0 or n == 0
+            covered = sorted(i for lo, hi in seen for i in range(lo, hi))
+            assert covered == list(range(n))
+            assert len(seen) == max(1, min(3, n))
+
+        finished = []
+
+        def work(lo: int, hi: int) -> None:
+            if lo == 0:
+                raise ValueError("chunk 0 failed")
+            import time
+
+            time.sleep(0.05)
+            finished.append(lo)
+
+        with pytest.raises(ValueError, match="chunk 0 failed"):
+            p.run(work, 9)
+        assert sorted(finished) == [3, 6], "the other chunks ran to their end before the error came back"
+
+        def helper_fails(lo: int, hi: int) -> None:
+            if lo != 0:
+                raise RuntimeError(f"chunk {lo} failed")
+
+        with pytest.raises(RuntimeError, match="chunk 3 failed"):
+            p.run(helper_fails, 9)
+    finally:
+        p.shutdown()
+    with pytest.raises(ValueError, match="at least 1"):
+        StepPool(0)
 
 
 # -- batch evaluation: CartPole episodes run side by side ---------------------------------------------
