@@ -3,6 +3,11 @@
 The evaluator never executes agent code: the artifact is data that
 :mod:`ale.policy` turns into a feed-forward network. Jobs run one at a time on
 a worker thread; progress and the result are read through the service.
+
+Where the task's copies can be stepped together (CartPole as one batch, Hopper and
+InvertedPendulum on several threads: ``BatchedCartPole``, ``ParallelMujoco``), up to
+``LOCKSTEP_SLOTS`` episodes run side by side; every episode is still exactly the one
+the sequential loop would run (tests/test_vector_stepping.py).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import numpy as np
 from ale_evaluator import episodes
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.envs import MIN_BATCHED_COPIES, BatchedCartPole, make_env
+from ale_evaluator.parallel import MIN_PARALLEL_COPIES, ParallelMujoco, StepPool
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
 
 from ale.catalog import Task
@@ -26,8 +32,11 @@ from ale.policy import Policy, PolicyError
 
 log = logging.getLogger(__name__)
 
-#: Episodes a CartPole batch runs side by side (see BatchJob._run_lockstep).
+#: Episodes a batch runs side by side where its task's copies step together (BatchJob._run_lockstep).
 LOCKSTEP_SLOTS = 32
+
+#: (live slots, their actions) -> (slot, observation, reward, terminated, truncated) of each live slot.
+Stepper = Callable[[list[int], np.ndarray], list[tuple[int, np.ndarray, float, bool, bool]]]
 
 
 def check_policy_fits(policy: Policy, task: Task) -> None:
@@ -73,6 +82,7 @@ class BatchJob:
     cancel_reason: str = "cancelled: the evaluator is shutting down"
     finished: threading.Event = attrs.Factory(threading.Event)
     on_record: Callable[[episodes.EpisodeRecord], None] | None = None
+    step_pool: StepPool | None = None  # threads that may step MuJoCo copies side by side
 
     def seed(self, index: int) -> int:
         if self.official:
@@ -92,8 +102,8 @@ class BatchJob:
         envs: list[gym.Env] = []
         try:
             envs.append(make_env(self.task))
-            # More copies only for a task that steps in lockstep (CartPole), never to find out.
-            if slots >= MIN_BATCHED_COPIES and BatchedCartPole.fits(envs):
+            # More copies only for a task that steps in lockstep, never to find out.
+            if self._lockstep_fits(envs, slots):
                 envs += [make_env(self.task) for _ in range(slots - 1)]
         except Exception:  # pragma: no cover - the task's own environment failed to build
             log.exception("batch %s: could not build the environment", self.batch_id)
@@ -102,8 +112,9 @@ class BatchJob:
                 env.close()
             return
         try:
-            if len(envs) > 1 and BatchedCartPole.fits(envs):
-                self._run_lockstep(envs)
+            stepper = self._stepper(envs) if len(envs) > 1 else None
+            if stepper is not None:
+                self._run_lockstep(envs, stepper)
             else:
                 self._run_sequential(envs[0])
         except Exception:
@@ -112,6 +123,46 @@ class BatchJob:
         finally:
             for env in envs:
                 env.close()
+
+    def _lockstep_fits(self, envs: list[gym.Env], slots: int) -> bool:
+        """Whether ``slots`` copies like ``envs[0]`` would step together (judged on the one copy)."""
+        if slots >= MIN_BATCHED_COPIES and BatchedCartPole.fits(envs):
+            return True
+        pool = self.step_pool
+        return (
+            pool is not None
+            and pool.threads > 1
+            and slots >= MIN_PARALLEL_COPIES
+            and ParallelMujoco.mode_for(envs * MIN_PARALLEL_COPIES) is not None
+        )
+
+    def _stepper(self, envs: list[gym.Env]) -> Stepper | None:
+        """How the copies step side by side: None where they do not (the episodes then run in turn)."""
+        if BatchedCartPole.fits(envs):
+            batched = BatchedCartPole(envs)
+
+            def step_cartpole(live: list[int], actions: np.ndarray) -> list[tuple[int, np.ndarray, float, bool, bool]]:
+                if len(live) == len(envs):
+                    o, r, term, trunc = batched.step(actions)
+                    return list(zip(live, o, r.tolist(), term.tolist(), trunc.tolist(), strict=True))
+                rows = []  # the last episodes: fewer than the slots, each copy stepped on its own
+                for i, a in zip(live, actions, strict=True):
+                    obs, reward, terminated, truncated, _ = envs[i].step(a)
+                    rows.append((i, obs, reward, terminated, truncated))
+                return rows
+
+            return step_cartpole
+        if self.step_pool is not None and self.step_pool.threads > 1 and ParallelMujoco.mode_for(envs):
+            parallel = ParallelMujoco(envs, self.step_pool)
+            space = envs[0].observation_space
+
+            def step_mujoco(live: list[int], actions: np.ndarray) -> list[tuple[int, np.ndarray, float, bool, bool]]:
+                o = np.empty((len(live), *space.shape), dtype=space.dtype)
+                r, term, trunc = parallel.step(actions, o, live)
+                return list(zip(live, o, r.tolist(), term.tolist(), trunc.tolist(), strict=True))
+
+            return step_mujoco
+        return None
 
     def _add(self, record: episodes.EpisodeRecord) -> None:
         self.records.append(record)
@@ -126,19 +177,22 @@ class BatchJob:
             self._add(self._episode(env, index))
         self.state = pb.BATCH_STATE_DONE
 
-    def _run_lockstep(self, envs: list[gym.Env]) -> None:
-        """CartPole: up to LOCKSTEP_SLOTS episodes side by side, stepped as one batch.
+    def _run_lockstep(self, envs: list[gym.Env], step: Stepper) -> None:
+        """Up to LOCKSTEP_SLOTS episodes side by side, their copies stepped together by ``step``.
 
         Every episode is exactly the one :meth:`_episode` would run: its own copy reset with its own
         seed, the policy asked for one observation at a time (as there, so the actions are the same
-        bits), the copies stepped by :class:`BatchedCartPole` (bit for bit ``env.step``, tested), the
-        same meter. A slot whose episode ends starts the next index. Episodes finish out of index
-        order; the result is ordered by index. Cancelled, every episode in flight is aborted.
+        bits, and a non-finite Box action aborts that episode alone), the copies stepped bit for bit
+        as ``env.step`` (tested), the same meter. A slot whose episode ends starts the next index.
+        Episodes finish out of index order; the result is ordered by index. Cancelled, every episode
+        in flight is aborted.
         """
-        batched = BatchedCartPole(envs)
         space = envs[0].action_space
-        assert isinstance(space, gym.spaces.Discrete)
-        start = int(space.start)
+        discrete = isinstance(space, gym.spaces.Discrete)
+        low = None if discrete else space.low.astype(np.float64)
+        high = None if discrete else space.high.astype(np.float64)
+        start = int(space.start) if discrete else 0
+        dtype = np.dtype(np.int64) if discrete else space.dtype
         act, cancelled = self.policy.act, self.cancel.is_set
         next_index = 0
         slots: list[tuple[int, bytes, EpisodeMeter] | None] = [None] * len(envs)
@@ -162,17 +216,20 @@ class BatchJob:
                         self._add(episodes.aborted(slot[0], slot[1], self.domain, "session_closed", slot[2]))
                 self.error, self.state = self.cancel_reason, pb.BATCH_STATE_FAILED
                 return
-            live = [i for i, slot in enumerate(slots) if slot is not None]
-            actions = np.array([act(obs[i][None, :], None, None, start)[0] for i in live], dtype=np.int64)
-            if len(live) == len(envs):
-                step_obs, reward, terminated, truncated = batched.step(actions)
-                rows = list(zip(live, step_obs, reward.tolist(), terminated.tolist(), truncated.tolist(), strict=True))
-            else:  # the last episodes: fewer than the slots, each copy stepped on its own
-                rows = []
-                for i, a in zip(live, actions, strict=True):
-                    o, r, term, trunc, _ = envs[i].step(a)
-                    rows.append((i, o, r, term, trunc))
-            for i, o, r, term, trunc in rows:
+            live, chosen = [], []
+            for i, slot in enumerate(slots):
+                if slot is None:
+                    continue
+                action = act(obs[i][None, :], low, high, start)[0]
+                if not discrete and not all(map(isfinite, action.tolist())):
+                    self._add(episodes.aborted(slot[0], slot[1], self.domain, "policy_error", slot[2]))
+                    begin(i)  # its next episode steps from the next round on
+                    continue
+                live.append(i)
+                chosen.append(action)
+            if not live:
+                continue
+            for i, o, r, term, trunc in step(live, np.array(chosen).astype(dtype, copy=False)):
                 index, commit, meter = slots[i]  # type: ignore[misc]
                 obs[i] = o
                 meter.record_step(envs[i], r, term, trunc)

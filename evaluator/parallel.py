@@ -167,15 +167,18 @@ class ParallelMujoco:
                 return None
         return mode
 
-    def step(self, actions: np.ndarray, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Step copy i with ``actions[i]``, writing its observation to ``obs[i]``; (reward, terminated,
-        truncated)."""
-        n = len(self.envs)
+    def step(
+        self, actions: np.ndarray, obs: np.ndarray, live: list[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Step copy ``live[j]`` (default: copy j) with ``actions[j]``, writing its observation to
+        ``obs[j]``; (reward, terminated, truncated), row j for that copy."""
+        envs = self.envs if live is None else [self.envs[i] for i in live]
+        raws = self.raws if live is None else [self.raws[i] for i in live]
+        n = len(envs)
         rows = list(actions)
         rewards = np.empty(n, dtype=np.float64)
         terms = np.empty(n, dtype=bool)
         truncs = np.empty(n, dtype=bool)
-        envs, raws = self.envs, self.raws
 
         if self.mode == "threads":
 

@@ -373,6 +373,7 @@ class AleEnvServicer:
             owner=self.role,
             config=st.config,
             base_seed=req.seed,
+            step_pool=st.step_pool,
             on_record=(lambda rec, bid=batch_id: st.log_episode_ends(bid, {rec.index: rec}, set()))
             if req.official
             else None,

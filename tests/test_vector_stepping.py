@@ -317,10 +317,19 @@ def test_step_pool_runs_every_chunk_and_raises_the_first_error():
         StepPool(0)
 
 
-# -- batch evaluation: CartPole episodes run side by side ---------------------------------------------
+# -- batch evaluation: episodes run side by side ------------------------------------------------------
 
 
-def _batch_records(policy_raw: bytes, episodes: int, *, lockstep: bool, official: bool = False, cancel_after=None):
+def _batch_records(
+    policy_raw: bytes,
+    episodes: int,
+    *,
+    lockstep: bool,
+    official: bool = False,
+    cancel_after=None,
+    task_id: str = "cartpole-balance",
+    pool: StepPool | None = None,
+):
     import threading
 
     from ale_evaluator import batch as batch_module
@@ -328,20 +337,20 @@ def _batch_records(policy_raw: bytes, episodes: int, *, lockstep: bool, official
 
     from ale.policy import load_policy
 
-    task = catalog.get_task("cartpole-balance")
+    task = catalog.get_task(task_id)
     job = batch_module.BatchJob(
         batch_id="b", task=task, domain=DOMAINS[task.spec.domain], policy=load_policy(policy_raw),
         num_episodes=episodes, official=official, owner="harness" if official else "agent",
-        config=RunConfig("run-lockstep", b"\x07" * 32), base_seed=11,
+        config=RunConfig("run-lockstep", b"\x07" * 32), base_seed=11, step_pool=pool if lockstep else None,
     )  # fmt: skip
     if cancel_after is not None:
         job.on_record = lambda rec: job.cancel.set() if len(job.records) >= cancel_after else None
     original, run_lockstep = batch_module.BatchedCartPole.fits, batch_module.BatchJob._run_lockstep
-    used: list[bool] = []
+    used: list[int] = []
 
-    def spy(self, envs):  # type: ignore[no-untyped-def]
-        used.append(True)
-        return run_lockstep(self, envs)
+    def spy(self, envs, step):  # type: ignore[no-untyped-def]
+        used.append(len(envs))
+        return run_lockstep(self, envs, step)
 
     try:
         batch_module.BatchJob._run_lockstep = spy  # type: ignore[method-assign]
@@ -353,7 +362,8 @@ def _batch_records(policy_raw: bytes, episodes: int, *, lockstep: bool, official
     finally:
         batch_module.BatchedCartPole.fits = original  # type: ignore[method-assign]
         batch_module.BatchJob._run_lockstep = run_lockstep  # type: ignore[method-assign]
-    assert bool(used) == (lockstep and episodes >= MIN_BATCHED_COPIES)
+    least = MIN_BATCHED_COPIES if task_id == "cartpole-balance" else MIN_PARALLEL_COPIES
+    assert used == ([min(episodes, 32)] if lockstep and episodes >= least else [])
     return job
 
 
@@ -395,3 +405,55 @@ def test_a_cancelled_lockstep_batch_aborts_every_episode_in_flight():
     assert aborted
     assert all(r.abort_reason == "session_closed" for r in aborted)
     assert len({r.index for r in job.records}) == len(job.records) < 200
+
+
+def _same_batch(fast, slow, episodes: int) -> None:
+    assert fast.state == slow.state == pb.BATCH_STATE_DONE
+    by_index = sorted(fast.records, key=lambda r: r.index)
+    assert [r.index for r in by_index] == list(range(episodes))
+    assert by_index == slow.records
+
+
+@pytest.mark.parametrize("official", [False, True])
+@pytest.mark.parametrize(
+    ("task_id", "weights", "episodes"),
+    [
+        # InvertedPendulum: balances (1000 steps, truncated), a wrong-sign cart gain (the slider runs
+        # into its end stops, rail_limit_steps), falls within a few steps.
+        ("pendulum-lqr", [[1.0, 5.0, 0.3, 0.5]], 9),
+        ("pendulum-lqr", [[-0.5, 5.0, 0.3, 0.5]], 40),
+        ("pendulum-lqr", [[0.0, -5.0, 0.0, 0.0]], 33),
+        ("pendulum-lqr", [[0.0, 0.0, 0.0, 0.0]], MIN_PARALLEL_COPIES - 1),
+        # Hopper: a PD hold of the three hinges stands; a crude push falls.
+        ("hopper-hop", "stand", 8),
+        ("hopper-hop", "push", 12),
+    ],
+)
+def test_mujoco_lockstep_batch_gives_the_episodes_of_the_sequential_batch(pool, task_id, weights, episodes, official):
+    from ale.policy import linear_policy
+
+    if weights in ("stand", "push"):
+        w = np.zeros((3, 11))
+        for j in range(3):
+            w[j, 2 + j], w[j, 8 + j] = (-5.0, -0.5) if weights == "stand" else (3.0, 0.0)
+        weights = w
+    raw = linear_policy(np.array(weights, dtype=float), output="clip")
+    fast = _batch_records(raw, episodes, lockstep=True, official=official, task_id=task_id, pool=pool)
+    slow = _batch_records(raw, episodes, lockstep=False, official=official, task_id=task_id)
+    _same_batch(fast, slow, episodes)
+
+
+def test_a_non_finite_action_aborts_only_its_episode_in_a_mujoco_lockstep_batch(pool):
+    """Observation-dependent overflow: 1e300 x angle x 9.2e8 overflows to inf once the pole leans past
+    ~0.195 rad, and the last layer's 0 x inf is NaN (else the action is 0). The episodes whose pole is
+    seen in (0.195, 0.2] are aborted with policy_error, the others fall past 0.2 in one step
+    (terminated), exactly as in the sequential run."""
+    from ale.policy import save_policy
+
+    layers = [(np.array([[0.0, 1e300, 0.0, 0.0]]), np.zeros(1), "identity")]
+    layers += [(np.array([[9.2e8]]), np.zeros(1), "identity"), (np.array([[0.0]]), np.zeros(1), "identity")]
+    raw = save_policy(layers, output="clip")
+    fast = _batch_records(raw, 45, lockstep=True, task_id="pendulum-lqr", pool=pool)
+    slow = _batch_records(raw, 45, lockstep=False, task_id="pendulum-lqr")
+    _same_batch(fast, slow, 45)  # more episodes than slots: aborted slots go on to the next
+    assert {r.abort_reason for r in slow.records} == {"policy_error", ""}
