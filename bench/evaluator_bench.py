@@ -131,8 +131,9 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
 class Evaluator:
     """``python -m ale_evaluator serve`` for one task, on Unix sockets in ``tmp``."""
 
-    def __init__(self, task_id: str, tmp: Path, index: int) -> None:
+    def __init__(self, task_id: str, tmp: Path, index: int, extra: list[str] | None = None) -> None:
         self.task_id = task_id
+        self.extra = extra or []
         self.agent_socket = tmp / f"a{index}.sock"
         self.harness_socket = tmp / f"h{index}.sock"
         self.stderr_path = tmp / f"evaluator{index}.log"
@@ -155,6 +156,7 @@ class Evaluator:
                     str(self.agent_socket),
                     "--harness-socket",
                     str(self.harness_socket),
+                    *self.extra,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
@@ -613,6 +615,8 @@ def bench_task(task_id: str, ev: Evaluator, args: argparse.Namespace) -> dict[st
         "gym_id": task.spec.gym_id,
         "mujoco": mujoco,
         "evaluator_startup_s": ev.startup_s,
+        "evaluator_step_threads": ev.ready.get("step_threads"),
+        "evaluator_rpc_cpu": ev.ready.get("rpc_cpu"),
         "message_bytes": sizes,
         "single": {
             "in_process": {"steps_per_s": single_local["calls_per_s"], **single_local},
@@ -764,7 +768,8 @@ def render(report: dict[str, Any]) -> str:
             "",
             f"{t['task_id']} ({t['gym_id']}{', MuJoCo' if t['mujoco'] else ''}); Step bytes req/resp: "
             f"K=1 {mb['step_request_k1']}/{mb['step_response_k1']}, "
-            f"K={k} {mb[f'step_request_k{k}']}/{mb[f'step_response_k{k}']}",
+            f"K={k} {mb[f'step_request_k{k}']}/{mb[f'step_response_k{k}']}; evaluator step threads "
+            f"{t.get('evaluator_step_threads', '?')}",
             _row("measure", "in-process", "remote", "ratio", "goal"),
             _row(
                 "single env steps/s (RemoteEnv)",
@@ -861,6 +866,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="poll GetBatchEvalStatus every this many seconds instead of waiting with wait_ms (default 0: wait)",
     )
+    p.add_argument(
+        "--step-threads",
+        default="auto",
+        help="the evaluator's --step-threads (default auto; 1 measures stepping MuJoCo copies in turn)",
+    )
     args = p.parse_args(argv)
     names = [n for chunk in (args.tasks or DEFAULT_TASKS) for n in chunk.split(",") if n]
     args.tasks = list(dict.fromkeys(names))
@@ -873,6 +883,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.slices is None:
         args.slices = 1 if args.quick else 4
     args.warmup = 0.05 if args.quick else min(0.3, args.duration)
+    if args.step_threads != "auto" and not (args.step_threads.isdigit() and 1 <= int(args.step_threads) <= 8):
+        p.error("--step-threads must be 'auto' or a number from 1 to 8")
     if args.duration <= 0 or args.rounds < 1 or args.slices < 1 or args.poll_interval < 0:
         p.error("--duration must be positive, --rounds and --slices at least 1, --poll-interval not negative")
     return args
@@ -923,7 +935,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _interruptible():
             for i, task_id in enumerate(args.tasks):  # start them all at once; they idle until used
-                ev = Evaluator(task_id, tmp, i)
+                ev = Evaluator(task_id, tmp, i, ["--step-threads", args.step_threads])
                 evaluators.append(ev)
                 ev.spawn()
             machine = machine_info()
@@ -971,6 +983,7 @@ def main(argv: list[str] | None = None) -> int:
             "vec_k": VEC_K,
             "poll_interval_s": args.poll_interval,
             "batch_episodes": args.batch_episodes or "official",
+            "step_threads": args.step_threads,
             "argv": sys.argv[1:] if argv is None else argv,
         },
         "floor": floor,
