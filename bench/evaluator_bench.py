@@ -803,6 +803,14 @@ def render(report: dict[str, Any]) -> str:
                 fmt(v["in_process"]["client_cpu_us_per_call"]),
                 f"{fmt(vr['client_cpu_us_per_call'])} | {fmt(vr.get('server_cpu_us_per_call', NAN))}",
             ),
+            *(
+                [
+                    f"    (the evaluator steps MuJoCo copies on {t['evaluator_step_threads']} threads; in-process is"
+                    " one: compare the CPU per call)"
+                ]
+                if t["mujoco"] and (t.get("evaluator_step_threads") or 1) > 1
+                else []
+            ),
             _row(
                 f"batch episodes/s ({b['episodes']} ep, {_waiting(b['poll_interval_s'])})",
                 fmt(b["in_process"]["episodes_per_s"], 2),
