@@ -102,22 +102,19 @@ def test_batched_cartpole_is_bit_identical_to_stepping_each_copy(k, autoreset):
         assert x.unwrapped.np_random.bit_generator.state == y.unwrapped.np_random.bit_generator.state
 
 
-def test_batched_cartpole_matches_sync_vector_env_with_same_step_autoreset():
-    """Against gymnasium's SyncVectorEnv itself (SAME_STEP): the official per-copy semantics."""
+def assert_matches_sync_vector_env(g: EnvGroup, *, seed: int, actions, steps: int) -> None:
+    """Step ``g`` (SAME_STEP autoreset) and gymnasium's SyncVectorEnv of the same copies side by side."""
     import functools
 
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-    task = catalog.get_task("cartpole-balance")
-    k = 32
-    g = group("cartpole-balance", k, pb.AUTORESET_MODE_SAME_STEP)
-    assert g.batched is not None
-    ref = SyncVectorEnv([functools.partial(make_env, task)] * k, autoreset_mode=AutoresetMode.SAME_STEP)
-    obs_ref, _ = ref.reset(seed=[5 + i for i in range(k)])
-    assert g.reset(5).tobytes() == obs_ref.tobytes()
-    rng = np.random.default_rng(0)
-    for _ in range(800):
-        action = balancing_actions(g, rng)
+    k = g.num_envs
+    ref = SyncVectorEnv([functools.partial(make_env, g.task)] * k, autoreset_mode=AutoresetMode.SAME_STEP)
+    obs_ref, _ = ref.reset(seed=[seed + i for i in range(k)])
+    assert g.reset(seed).tobytes() == obs_ref.tobytes()
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        action = actions(g, rng)
         out, _ = g.step(action)
         o, r, term, trunc, info = ref.step(action)
         assert out.observation.tobytes() == o.tobytes()
@@ -128,6 +125,13 @@ def test_batched_cartpole_matches_sync_vector_env_with_same_step_autoreset():
         if done.any():
             assert out.final_observation[done].tobytes() == np.stack(info["final_obs"][done]).tobytes()
     ref.close()
+
+
+def test_batched_cartpole_matches_sync_vector_env_with_same_step_autoreset():
+    """Against gymnasium's SyncVectorEnv itself (SAME_STEP): the official per-copy semantics."""
+    g = group("cartpole-balance", 32, pb.AUTORESET_MODE_SAME_STEP)
+    assert g.batched is not None
+    assert_matches_sync_vector_env(g, seed=5, actions=balancing_actions, steps=800)
 
 
 @pytest.mark.parametrize(("task_id", "k"), [("cartpole-balance", MIN_BATCHED_COPIES - 1), ("pendulum-lqr", 64)])
@@ -218,30 +222,9 @@ def test_parallel_mujoco_is_bit_identical_to_stepping_each_copy(pool, task_id, k
 
 def test_parallel_mujoco_matches_sync_vector_env_with_same_step_autoreset(pool):
     """Against gymnasium's SyncVectorEnv itself (SAME_STEP), as for BatchedCartPole."""
-    import functools
-
-    from gymnasium.vector import AutoresetMode, SyncVectorEnv
-
-    task = catalog.get_task("pendulum-lqr")
-    k = 12
-    g = group("pendulum-lqr", k, pb.AUTORESET_MODE_SAME_STEP, pool=pool)
+    g = group("pendulum-lqr", 12, pb.AUTORESET_MODE_SAME_STEP, pool=pool)
     assert g.parallel is not None
-    ref = SyncVectorEnv([functools.partial(make_env, task)] * k, autoreset_mode=AutoresetMode.SAME_STEP)
-    obs_ref, _ = ref.reset(seed=[7 + i for i in range(k)])
-    assert g.reset(7).tobytes() == obs_ref.tobytes()
-    rng = np.random.default_rng(5)
-    for _ in range(400):
-        action = mujoco_actions(g, rng)
-        out, _ = g.step(action)
-        o, r, term, trunc, info = ref.step(action)
-        assert out.observation.tobytes() == o.tobytes()
-        assert out.reward.tobytes() == r.astype(np.float64).tobytes()
-        assert (out.terminated == term).all()
-        assert (out.truncated == trunc).all()
-        done = term | trunc
-        if done.any():
-            assert out.final_observation[done].tobytes() == np.stack(info["final_obs"][done]).tobytes()
-    ref.close()
+    assert_matches_sync_vector_env(g, seed=7, actions=mujoco_actions, steps=400)
 
 
 def test_small_or_single_threaded_or_other_groups_step_each_copy(pool):
