@@ -23,7 +23,7 @@ import numpy as np
 from ale_evaluator import episodes
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.envs import MIN_BATCHED_COPIES, BatchedCartPole, make_env
-from ale_evaluator.parallel import MIN_PARALLEL_COPIES, ParallelMujoco, StepPool
+from ale_evaluator.parallel import ParallelMujoco, StepPool
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
 
 from ale.catalog import Task
@@ -129,12 +129,7 @@ class BatchJob:
         if slots >= MIN_BATCHED_COPIES and BatchedCartPole.fits(envs):
             return True
         pool = self.step_pool
-        return (
-            pool is not None
-            and pool.threads > 1
-            and slots >= MIN_PARALLEL_COPIES
-            and ParallelMujoco.mode_for(envs * MIN_PARALLEL_COPIES) is not None
-        )
+        return pool is not None and pool.threads > 1 and ParallelMujoco.mode_for(envs * slots) is not None
 
     def _stepper(self, envs: list[gym.Env]) -> Stepper | None:
         """How the copies step side by side: None where they do not (the episodes then run in turn)."""

@@ -1,8 +1,8 @@
 """How the evaluator steps the K copies of a vector env: fast paths must not change a single bit.
 
 CartPole groups of 16 or more copies step as one batch with gymnasium's own CartPoleVectorEnv
-dynamics (``BatchedCartPole``); Hopper and InvertedPendulum groups of 8 or more step their copies on
-several threads (``ParallelMujoco``); everything else steps each copy with its own ``env.step``. Every
+dynamics (``BatchedCartPole``); Hopper groups of 6 or more and InvertedPendulum groups of 12 or more
+step their copies on several threads (``ParallelMujoco``); everything else steps each copy with its own ``env.step``. Every
 way must give exactly what stepping every copy on its own gives: observations, rewards, flags, costs,
 final observations, the recorded episodes, and each copy's state afterwards.
 """
@@ -188,7 +188,7 @@ def mujoco_actions(g: EnvGroup, rng: np.random.Generator) -> np.ndarray:
     ("task_id", "k", "autoreset", "steps", "mode"),
     [
         ("pendulum-lqr", 16, pb.AUTORESET_MODE_SAME_STEP, 1100, "pendulum"),
-        ("pendulum-lqr", MIN_PARALLEL_COPIES, pb.AUTORESET_MODE_DISABLED, 300, "pendulum"),
+        ("pendulum-lqr", MIN_PARALLEL_COPIES["pendulum"], pb.AUTORESET_MODE_DISABLED, 300, "pendulum"),
         ("hopper-hop", 9, pb.AUTORESET_MODE_SAME_STEP, 400, "threads"),
     ],
 )
@@ -228,7 +228,9 @@ def test_parallel_mujoco_matches_sync_vector_env_with_same_step_autoreset(pool):
 
 
 def test_small_or_single_threaded_or_other_groups_step_each_copy(pool):
-    assert group("pendulum-lqr", MIN_PARALLEL_COPIES - 1, pb.AUTORESET_MODE_SAME_STEP, pool=pool).parallel is None
+    same_step = pb.AUTORESET_MODE_SAME_STEP
+    assert group("pendulum-lqr", MIN_PARALLEL_COPIES["pendulum"] - 1, same_step, pool=pool).parallel is None
+    assert group("hopper-hop", MIN_PARALLEL_COPIES["threads"] - 1, same_step, pool=pool).parallel is None
     assert group("pendulum-lqr", 64, pb.AUTORESET_MODE_SAME_STEP, pool=StepPool(1)).parallel is None
     assert group("reacher-jacobian", 16, pb.AUTORESET_MODE_SAME_STEP, pool=pool).parallel is None
     assert group("cartpole-balance", 64, pb.AUTORESET_MODE_SAME_STEP, pool=pool).parallel is None
@@ -242,7 +244,7 @@ def test_the_pendulum_way_mirrors_the_installed_gymnasium(monkeypatch):
     from gymnasium.envs.mujoco.inverted_pendulum_v5 import InvertedPendulumEnv
 
     assert parallel.pendulum_code_matches()
-    envs = [make_env(catalog.get_task("pendulum-lqr")) for _ in range(MIN_PARALLEL_COPIES)]
+    envs = [make_env(catalog.get_task("pendulum-lqr")) for _ in range(MIN_PARALLEL_COPIES["pendulum"])]
     assert ParallelMujoco.mode_for(envs) == "pendulum"
 
     original = InvertedPendulumEnv.step
@@ -345,7 +347,10 @@ def _batch_records(
     finally:
         batch_module.BatchedCartPole.fits = original  # type: ignore[method-assign]
         batch_module.BatchJob._run_lockstep = run_lockstep  # type: ignore[method-assign]
-    least = MIN_BATCHED_COPIES if task_id == "cartpole-balance" else MIN_PARALLEL_COPIES
+    if task_id == "cartpole-balance":
+        least = MIN_BATCHED_COPIES
+    else:
+        least = MIN_PARALLEL_COPIES[ParallelMujoco.mode_for([make_env(task)] * 64) or ""]
     assert used == ([min(episodes, 32)] if lockstep and episodes >= least else [])
     return job
 
@@ -403,10 +408,10 @@ def _same_batch(fast, slow, episodes: int) -> None:
     [
         # InvertedPendulum: balances (1000 steps, truncated), a wrong-sign cart gain (the slider runs
         # into its end stops, rail_limit_steps), falls within a few steps.
-        ("pendulum-lqr", [[1.0, 5.0, 0.3, 0.5]], 9),
+        ("pendulum-lqr", [[1.0, 5.0, 0.3, 0.5]], 13),
         ("pendulum-lqr", [[-0.5, 5.0, 0.3, 0.5]], 40),
         ("pendulum-lqr", [[0.0, -5.0, 0.0, 0.0]], 33),
-        ("pendulum-lqr", [[0.0, 0.0, 0.0, 0.0]], MIN_PARALLEL_COPIES - 1),
+        ("pendulum-lqr", [[0.0, 0.0, 0.0, 0.0]], MIN_PARALLEL_COPIES["pendulum"] - 1),
         # Hopper: a PD hold of the three hinges stands; a crude push falls.
         ("hopper-hop", "stand", 8),
         ("hopper-hop", "push", 12),
