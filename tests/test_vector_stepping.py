@@ -1,10 +1,11 @@
 """How the evaluator steps the K copies of a vector env: fast paths must not change a single bit.
 
 CartPole groups of 16 or more copies step as one batch with gymnasium's own CartPoleVectorEnv
-dynamics (``BatchedCartPole``); Hopper groups of 6 or more and InvertedPendulum groups of 12 or more
-step their copies on several threads (``ParallelMujoco``); everything else steps each copy with its own ``env.step``. Every
-way must give exactly what stepping every copy on its own gives: observations, rewards, flags, costs,
-final observations, the recorded episodes, and each copy's state afterwards.
+dynamics (``BatchedCartPole``); Hopper groups of 6 or more and InvertedPendulum groups of 12 or
+more step their copies on several threads (``ParallelMujoco``); everything else steps each copy
+with its own ``env.step``. Every way must give exactly what stepping every copy on its own gives:
+observations, rewards, flags, costs, final observations, the recorded episodes, and each copy's
+state afterwards.
 """
 
 from __future__ import annotations
