@@ -446,3 +446,42 @@ def test_a_non_finite_action_aborts_only_its_episode_in_a_mujoco_lockstep_batch(
     slow = _batch_records(raw, 45, lockstep=False, task_id="pendulum-lqr")
     _same_batch(fast, slow, 45)  # more episodes than slots: aborted slots go on to the next
     assert {r.abort_reason for r in slow.records} == {"policy_error", ""}
+
+
+def test_groups_stepped_at_once_on_one_pool_give_what_they_give_alone(pool):
+    """Several serving threads step their groups at once, sharing the helper threads (and a batch may
+    use them too): each group still gets exactly what it gets stepped alone."""
+    import threading
+
+    tasks = ["pendulum-lqr", "hopper-hop", "pendulum-lqr", "hopper-hop"]
+    shared = [group(t, 16, pb.AUTORESET_MODE_SAME_STEP, pool=pool) for t in tasks]
+    alone = [group(t, 16, pb.AUTORESET_MODE_SAME_STEP) for t in tasks]
+    assert all(g.parallel is not None for g in shared)
+    steps = 150
+    plans = []
+    for n, (g, ref) in enumerate(zip(shared, alone, strict=True)):
+        assert g.reset(n).tobytes() == ref.reset(n).tobytes()
+        rng = np.random.default_rng(n)
+        plans.append([np.clip(rng.normal(0, 1, (16, *g.action_space.shape)), -1, 1).astype(np.float32)
+                      for _ in range(steps)])  # fmt: skip
+    got: dict[int, list] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(shared))
+
+    def drive(n: int) -> None:
+        try:
+            barrier.wait()
+            got[n] = [shared[n].step(a) for a in plans[n]]
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=drive, args=(n,)) for n in range(len(shared))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for n, ref in enumerate(alone):
+        for a, out in zip(plans[n], got[n], strict=True):
+            assert_same_step(out, ref.step(a))
+        assert mujoco_state(shared[n]) == mujoco_state(ref)
