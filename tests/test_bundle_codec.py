@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pyrage
 import pytest
+import verifier_helpers as h
 
 from ale.core.bundle import (
     ALLOWED_FILES,
@@ -26,24 +28,12 @@ SECRET_KEY, PUBLIC_KEY = str(IDENTITY), str(IDENTITY.to_public())
 FILES = {name: f"content of {name}\n".encode() for name in ALLOWED_FILES}
 
 
-def _encrypt(plain: bytes, key: str = PUBLIC_KEY) -> bytes:
-    return bytes(pyrage.encrypt(plain, [pyrage.x25519.Recipient.from_str(key)]))
+def _encrypt(plain: bytes) -> bytes:
+    return h.encrypt(plain, PUBLIC_KEY)
 
 
-def _tar(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for info, data in members:
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buf.getvalue()
-
-
-def _member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"x", link: str = "") -> tuple:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.linkname = link
-    info.size = len(data) if kind == tarfile.REGTYPE else 0
-    return info, data if kind == tarfile.REGTYPE else None
+#: A tar member (verifier_helpers.member) whose default content is b"x".
+_member = functools.partial(h.member, data=b"x")
 
 
 def _bundle_of(tar_bytes: bytes) -> bytes:
@@ -104,7 +94,7 @@ def _complete(*extra: tuple) -> list[tuple]:
 )
 def test_hostile_archives_are_refused(members: list[tuple], reason: str) -> None:
     with pytest.raises(BundleError) as err:
-        unpack(_bundle_of(_tar(*members)), SECRET_KEY)
+        unpack(_bundle_of(h.raw_tar(*members)), SECRET_KEY)
     assert err.value.reason == reason
 
 
@@ -119,7 +109,7 @@ def test_zstd_bomb_is_stopped_at_the_limit() -> None:
 def test_oversized_member_is_refused() -> None:
     limits = Limits(max_file_bytes=10)
     with pytest.raises(BundleError) as err:
-        unpack(_bundle_of(_tar(_member("manifest.json", data=b"x" * 11))), SECRET_KEY, limits)
+        unpack(_bundle_of(h.raw_tar(_member("manifest.json", data=b"x" * 11))), SECRET_KEY, limits)
     assert err.value.reason == "file_too_large"
 
 
