@@ -23,7 +23,7 @@ import numpy as np
 from ale_evaluator import episodes
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.envs import MIN_BATCHED_COPIES, BatchedCartPole, make_env
-from ale_evaluator.parallel import ParallelMujoco, StepPool
+from ale_evaluator.parallel import ParallelMujoco, StepPool, step_each
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
 
 from ale.catalog import Task
@@ -133,6 +133,7 @@ class BatchJob:
 
     def _stepper(self, envs: list[gym.Env]) -> Stepper | None:
         """How the copies step side by side: None where they do not (the episodes then run in turn)."""
+        space = envs[0].observation_space
         if BatchedCartPole.fits(envs):
             batched = BatchedCartPole(envs)
 
@@ -140,16 +141,16 @@ class BatchJob:
                 if len(live) == len(envs):
                     o, r, term, trunc = batched.step(actions)
                     return list(zip(live, o, r.tolist(), term.tolist(), trunc.tolist(), strict=True))
-                rows = []  # the last episodes: fewer than the slots, each copy stepped on its own
-                for i, a in zip(live, actions, strict=True):
-                    obs, reward, terminated, truncated, _ = envs[i].step(a)
-                    rows.append((i, obs, reward, terminated, truncated))
-                return rows
+                # The last episodes: fewer than the slots, each copy stepped on its own.
+                n = len(live)
+                o = np.empty((n, *space.shape), dtype=space.dtype)
+                r, term, trunc = np.empty(n, dtype=np.float64), np.empty(n, dtype=bool), np.empty(n, dtype=bool)
+                step_each([envs[i] for i in live], list(actions), o, r, term, trunc, 0, n)
+                return list(zip(live, o, r.tolist(), term.tolist(), trunc.tolist(), strict=True))
 
             return step_cartpole
         if self.step_pool is not None and self.step_pool.threads > 1 and ParallelMujoco.mode_for(envs):
             parallel = ParallelMujoco(envs, self.step_pool)
-            space = envs[0].observation_space
 
             def step_mujoco(live: list[int], actions: np.ndarray) -> list[tuple[int, np.ndarray, float, bool, bool]]:
                 o = np.empty((len(live), *space.shape), dtype=space.dtype)

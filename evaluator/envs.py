@@ -18,7 +18,7 @@ import numpy as np
 from ale_evaluator import episodes
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.errors import invalid, precondition
-from ale_evaluator.parallel import ParallelMujoco, StepPool
+from ale_evaluator.parallel import ParallelMujoco, StepPool, step_each
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
 
 from ale.catalog import Task
@@ -235,16 +235,12 @@ class EnvGroup:
         return out, ended
 
     def _step_copies(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``env.step`` of each copy, with its element (a numpy int64 for Discrete) or its row (Box) of
-        the batch, as gymnasium's SyncVectorEnv hands them out; (observation, reward, terminated, truncated)."""
+        """``env.step`` of each copy in turn; (observation, reward, terminated, truncated)."""
+        k = self.num_envs
         obs = self._obs_batch()
-        rewards, terms, truncs = [], [], []
-        for i, (env, a) in enumerate(zip(self.envs, list(actions), strict=True)):
-            obs[i], r, term, trunc, _ = env.step(a)
-            rewards.append(r)
-            terms.append(term)
-            truncs.append(trunc)
-        return obs, np.array(rewards, dtype=np.float64), np.array(terms, dtype=bool), np.array(truncs, dtype=bool)
+        rewards, terms, truncs = np.empty(k, dtype=np.float64), np.empty(k, dtype=bool), np.empty(k, dtype=bool)
+        step_each(self.envs, list(actions), obs, rewards, terms, truncs, 0, k)
+        return obs, rewards, terms, truncs
 
 
 @attrs.define(eq=False)

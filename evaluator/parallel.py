@@ -36,6 +36,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -139,6 +140,23 @@ class StepPool:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
+def step_each(
+    envs: Sequence[gym.Env],
+    actions: Sequence[Any],
+    obs: np.ndarray,
+    rewards: np.ndarray,
+    terms: np.ndarray,
+    truncs: np.ndarray,
+    lo: int,
+    hi: int,
+) -> None:
+    """``env.step`` of copies ``lo`` to ``hi - 1``, each with its action (a row of a Box batch, an
+    element of a Discrete one, as gymnasium's SyncVectorEnv hands them out), into row i of each
+    output array."""
+    for i in range(lo, hi):
+        obs[i], rewards[i], terms[i], truncs[i], _ = envs[i].step(actions[i])
+
+
 class ParallelMujoco:
     """Steps K copies of one MuJoCo environment class on a :class:`StepPool` (see the module)."""
 
@@ -185,12 +203,7 @@ class ParallelMujoco:
         truncs = np.empty(n, dtype=bool)
 
         if self.mode == "threads":
-
-            def step_chunk(lo: int, hi: int) -> None:
-                for i in range(lo, hi):
-                    obs[i], rewards[i], terms[i], truncs[i], _ = envs[i].step(rows[i])
-
-            self.pool.run(step_chunk, n)
+            self.pool.run(functools.partial(step_each, envs, rows, obs, rewards, terms, truncs), n)
             return rewards, terms, truncs
 
         def simulate_chunk(lo: int, hi: int) -> None:
