@@ -167,21 +167,16 @@ def _parse_line(raw: bytes, number: int) -> dict[str, Any]:
     return event if type(event) is dict else _strict_parse(raw, number)
 
 
-def _split(stream: bytes) -> list[bytes]:
+def _refuse_truncated(stream: bytes) -> None:
     if stream and not stream.endswith(b"\n"):
         raise ChainError("truncated", stream.count(b"\n") + 1, "the last line has no newline: truncated stream")
-    return stream.split(b"\n")[:-1] if stream else []
-
-
-def iter_lines(stream: bytes) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
-    """Parse lines strictly: each must be the canonical JSON of its own content."""
-    for number, raw in enumerate(_split(stream), start=1):
-        yield number, raw, _parse_line(raw, number)
 
 
 def iter_events(stream: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
-    for number, _raw, event in iter_lines(stream):
-        yield number, event
+    """Parse lines strictly: each must be the canonical JSON of its own content."""
+    _refuse_truncated(stream)
+    for number, raw in enumerate(stream.split(b"\n")[:-1] if stream else [], start=1):
+        yield number, _parse_line(raw, number)
 
 
 def _fail(reason: str, number: int, message: str) -> None:
@@ -431,8 +426,7 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
 
 def split_chunks(stream: bytes, parts: int) -> list[tuple[bytes, int]]:
     """Cut a stream at newlines into at most ``parts`` chunks of similar size, with first line numbers."""
-    if stream and not stream.endswith(b"\n"):
-        raise ChainError("truncated", stream.count(b"\n") + 1, "the last line has no newline: truncated stream")
+    _refuse_truncated(stream)
     chunks: list[tuple[bytes, int]] = []
     start, line = 0, 1
     for i in range(1, max(1, parts) + 1):
