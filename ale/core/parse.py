@@ -1,7 +1,11 @@
 """Parse, don't validate: untrusted JSON into frozen attrs classes.
 
-One cattrs converter that forbids extra keys and reports every problem with
-its path, so an error names the field that is wrong.
+:func:`parse_json` is the one JSON parser for untrusted bytes in the project (bundle documents,
+trajectory lines, policy headers, the agent's event channel, API bodies): bounded in size and
+nesting depth, strict (RFC 8259 grammar, UTF-8, unique object keys, no NaN or infinities,
+integers within the IEEE-754 safe range as I-JSON, RFC 7493, asks), and it never raises anything
+but :class:`ParseError`. One cattrs converter that forbids extra keys then structures the value
+and reports every problem with its path, so an error names the field that is wrong.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import cattrs
+import orjson
 from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
@@ -19,6 +24,122 @@ T = TypeVar("T")
 
 class ParseError(ValueError):
     """Input that is not what its schema says; the message names the field."""
+
+
+class JsonLimitError(ParseError):
+    """JSON past a size or nesting limit (``limit`` is ``"size"`` or ``"depth"``)."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
+#: Defaults of :func:`parse_json`; callers with a documented limit of their own pass it.
+MAX_JSON_BYTES = 1 << 20
+MAX_JSON_DEPTH = 64
+SAFE_INTEGER = 2**53 - 1
+_ORJSON_DEPTH = 1024  # orjson refuses deeper input itself, in C, before any Python recursion
+_MAX_REPORTED = 200
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_REPORTED else text[:_MAX_REPORTED] + f"... ({len(text) - _MAX_REPORTED} more)"
+
+
+def _walk(value: Any, max_depth: int) -> bool:
+    """Check nesting depth and integers without recursion; True if a float needs a second look
+    (orjson reads an integer literal beyond 64 bits as a float, which a strict parser refuses)."""
+    suspicious = False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if type(item) is dict else item
+        if depth > max_depth:
+            raise JsonLimitError(f"nested deeper than {max_depth} levels", "depth")
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+            elif kind is int:
+                if not -SAFE_INTEGER <= child <= SAFE_INTEGER:
+                    raise ParseError(f"integer {_clip(str(child))} is outside +/-(2**53 - 1)")
+            elif kind is float and abs(child) >= 9.2e18:
+                suspicious = True
+    return suspicious
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 16 or not -SAFE_INTEGER <= int(text) <= SAFE_INTEGER:
+        raise ValueError(f"integer {_clip(text)} is outside +/-(2**53 - 1)")
+    return int(text)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate object key {_clip(repr(key))}")
+            seen.add(key)
+    return out
+
+
+def parse_json(
+    raw: bytes | str,
+    *,
+    what: str,
+    max_bytes: int = MAX_JSON_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+    unique_keys: bool = True,
+) -> Any:
+    """Parse untrusted JSON text into Python values, or raise :class:`ParseError` naming ``what``.
+
+    Refused: more than ``max_bytes`` bytes, or nesting deeper than ``max_depth`` arrays and
+    objects (:class:`JsonLimitError`); text that is not UTF-8 or not JSON; NaN and infinities;
+    integers outside +/-(2**53 - 1); a repeated object key (with ``unique_keys``; a caller that
+    then compares the bytes with their canonical form may skip this, since such text is never
+    canonical). The depth is checked before any recursive parse, so no input can exhaust the
+    stack, and a number's digits are counted before it is converted.
+    """
+    size = len(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw)
+    if size > max_bytes:
+        raise JsonLimitError(f"{what}: {size} bytes exceeds the limit of {max_bytes}", "size")
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):
+            raise JsonLimitError(f"{what}: nested deeper than {max_depth} levels", "depth") from None
+        raise ParseError(f"{what}: not valid JSON ({_clip(str(exc))})") from None
+    if type(value) is not dict and type(value) is not list:
+        if type(value) is int and not -SAFE_INTEGER <= value <= SAFE_INTEGER:
+            raise ParseError(f"{what}: integer {_clip(str(value))} is outside +/-(2**53 - 1)")
+        if type(value) is not float or abs(value) < 9.2e18:
+            return value
+        suspicious = True
+    else:
+        try:
+            suspicious = _walk(value, max_depth)
+        except JsonLimitError as exc:
+            raise JsonLimitError(f"{what}: {exc}", exc.limit) from None
+        except ParseError as exc:
+            raise ParseError(f"{what}: {exc}") from None
+    if suspicious or unique_keys:
+        # Depth is known to be small now, so the standard library's recursive parser is safe.
+        try:
+            value = json.loads(
+                raw,
+                parse_int=_bounded_int,
+                parse_constant=_no_constant,
+                object_pairs_hook=_unique if unique_keys else None,
+            )
+        except (ValueError, RecursionError) as exc:
+            raise ParseError(f"{what}: not valid JSON ({_clip(str(exc))})") from None
+    return value
 
 
 def _make_converter() -> cattrs.Converter:
@@ -90,12 +211,6 @@ def structure(data: Any, cls: type[T], *, what: str) -> T:
         raise ParseError(f"{what}: {_describe(exc)}") from None
 
 
-def loads(raw: bytes | str, cls: type[T], *, what: str, max_bytes: int = 1 << 20) -> T:
-    """Decode JSON text (bounded in size) and structure it into ``cls``."""
-    if len(raw) > max_bytes:
-        raise ParseError(f"{what}: {len(raw)} bytes exceeds the limit of {max_bytes}")
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
-        raise ParseError(f"{what}: not valid JSON ({exc})") from None
-    return structure(data, cls, what=what)
+def loads(raw: bytes | str, cls: type[T], *, what: str, max_bytes: int = MAX_JSON_BYTES) -> T:
+    """Parse JSON text with :func:`parse_json` and structure it into ``cls``."""
+    return structure(parse_json(raw, what=what, max_bytes=max_bytes), cls, what=what)
