@@ -13,6 +13,7 @@ import base64
 import copy
 import hashlib
 import hmac
+import importlib.metadata
 import io
 import json
 import os
@@ -26,6 +27,7 @@ from typing import Any
 
 import ale_evaluator
 import pytest
+import rfc8785
 import zstandard
 from ale_evaluator.episodes import ABORT_REASONS
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
@@ -33,6 +35,7 @@ from ale_evaluator.service import METHODS
 from jsonschema import Draft202012Validator
 
 from ale import catalog
+from ale.core.attestation import dependency_lock, dependency_lock_sha256
 from ale.core.bundle import ALLOWED_FILES, build_tar, unpack
 from ale.core.canonical import canonical_json, reference_canonical_json
 from ale.core.merkle import file_leaves, files_root, leaf_hash
@@ -566,3 +569,40 @@ def test_vector_h_signature(vectors: dict[str, str]) -> None:
     }
     document |= {"merkle_root": spec["merkle_root"], "chain_head": "1" * 64, "signature": block}
     assert _errors("integrity", document) == []
+
+
+def test_vector_i_dependency_lock(vectors: dict[str, str]) -> None:
+    pairs = [tuple(pair) for pair in json.loads(vectors["i-input"])]
+    assert dependency_lock(pairs) == vectors["i-lock"].encode()
+    assert dependency_lock_sha256(pairs) == vectors["i-sha256"]
+    assert hashlib.sha256(vectors["i-lock"].encode()).hexdigest() == vectors["i-sha256"]
+
+
+def test_vector_j_task_digest(vectors: dict[str, str]) -> None:
+    folder = ROOT / "ale/tasks/cartpole-balance"
+    paper = (folder / "paper.md").read_bytes()
+    assert hashlib.sha256(paper).hexdigest() == vectors["j-paper-sha256"]
+    body = {"paper_sha256": vectors["j-paper-sha256"], "task": json.loads((folder / "task.json").read_bytes())}
+    assert hashlib.sha256(rfc8785.dumps(body)).hexdigest() == vectors["j-digest"]
+    assert catalog.get_task("cartpole-balance").digest == vectors["j-digest"]
+
+
+def test_code_digest_is_what_formats_md_says() -> None:
+    import ale
+    from ale.runner.local import code_digest
+
+    stated = code_digest()
+    concatenation = b""
+    for package in (ale, ale_evaluator):
+        root = Path(package.__file__).resolve().parent
+        for path in sorted(root.rglob("*")):
+            if path.suffix in {".py", ".json", ".md", ".proto", ".pyi"} and "__pycache__" not in path.parts:
+                name = f"{package.__name__}/{path.relative_to(root).as_posix()}"
+                concatenation += name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest()
+    assert stated["code_sha256"] == hashlib.sha256(concatenation).hexdigest()
+    # Recompute the lock from the installed distributions with the documented rule, by hand.
+    lines = sorted(
+        "{}=={}".format(re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower(), d.version)
+        for d in importlib.metadata.distributions()
+    )
+    assert stated["dependency_lock_sha256"] == hashlib.sha256("\n".join(lines).encode()).hexdigest()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -11,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from importlib import metadata
 from pathlib import Path
@@ -21,6 +20,7 @@ import attrs
 import trio
 import trio.lowlevel
 
+from ale.core import attestation
 from ale.runner import sandbox
 from ale.runner._groups import collapse
 from ale.runner.runtime import (
@@ -45,24 +45,23 @@ def code_digest() -> dict[str, Any]:
 
     import ale
 
-    files = hashlib.sha256()
-    for package in (ale, ale_evaluator):
-        root = Path(package.__file__).resolve().parent
-        for path in sorted(root.rglob("*")):
-            if (
-                path.is_file()
-                and path.suffix in {".py", ".json", ".md", ".proto", ".pyi"}
-                and "__pycache__" not in path.parts
-            ):
-                files.update(f"{package.__name__}/{path.relative_to(root).as_posix()}\0".encode())
-                files.update(hashlib.sha256(path.read_bytes()).digest())
-    lock = sorted(f"{d.metadata['Name'].lower()}=={d.version}" for d in metadata.distributions())
-    lock_digest = hashlib.sha256("\n".join(lock).encode()).hexdigest()
+    def files() -> Iterator[tuple[str, bytes]]:
+        for package in (ale, ale_evaluator):
+            root = Path(package.__file__).resolve().parent
+            for path in sorted(root.rglob("*")):
+                if (
+                    path.is_file()
+                    and path.suffix in {".py", ".json", ".md", ".proto", ".pyi"}
+                    and "__pycache__" not in path.parts
+                ):
+                    yield f"{package.__name__}/{path.relative_to(root).as_posix()}", path.read_bytes()
+
+    installed = ((d.metadata["Name"], d.version) for d in metadata.distributions())
     return {
         "kind": "local-install",
         "note": "digest of the installed Python code and dependency versions, not of an OCI image",
-        "code_sha256": files.hexdigest(),
-        "dependency_lock_sha256": lock_digest,
+        "code_sha256": attestation.code_sha256(files()),
+        "dependency_lock_sha256": attestation.dependency_lock_sha256(installed),
         "python": sys.version.split()[0],
     }
 
