@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any
 
 from ale_verify import db
 from ale_verify._routes_public import public_submission
-from ale_verify._web import ApiError, json_body, operator, run_db, state
+from ale_verify._web import ApiError, operator, run_db, state
+from ale_verify.bodies import LevelChange, RunnerKey, json_body
 from quart import Blueprint
 
 from ale.core import signing
@@ -20,7 +19,7 @@ REVOKE_FROM = ("self_reported", "validated", "audited", "officially_verified")
 
 
 async def _change(user: str, submission_id: str, *, action: str, allowed: tuple[str, ...]) -> Any:
-    body = await json_body(required=("reason",))
+    body = await json_body(LevelChange)
     try:
         row = await run_db(
             db.change_level,
@@ -29,7 +28,7 @@ async def _change(user: str, submission_id: str, *, action: str, allowed: tuple[
             actor=user,
             action=action,
             to_level=action,
-            reason=body["reason"],
+            reason=body.reason,
             allowed_from=allowed,
         )
     except KeyError:
@@ -60,28 +59,21 @@ async def list_runner_keys(user: str) -> Any:
 @bp.post("/runner-keys")
 @operator
 async def add_runner_key(user: str) -> Any:
-    body = await json_body(required=("public_key", "kind", "label"))
-    if body["kind"] not in db.RUNNER_KINDS:
-        raise ApiError(400, "bad_request", f"kind is one of {', '.join(db.RUNNER_KINDS)}")
-    try:
-        raw = base64.b64decode(body["public_key"], validate=True)
-    except (binascii.Error, ValueError):
-        raw = b""
-    if len(raw) != 32:
-        raise ApiError(400, "bad_request", "public_key is a base64 raw Ed25519 public key (32 bytes)")
+    body = await json_body(RunnerKey)
+    key_id = signing.key_id(body.raw)
     try:
         await run_db(
             db.register_runner_key,
             state().settings.database,
-            key_id=signing.key_id(raw),
-            public_key=body["public_key"],
-            kind=body["kind"],
-            label=body["label"],
+            key_id=key_id,
+            public_key=body.public_key,
+            kind=body.kind,
+            label=body.label,
             actor=user,
         )
     except db.Conflict as exc:
         raise ApiError(409, "conflict", str(exc)) from None
-    return {"key_id": signing.key_id(raw)}, 201
+    return {"key_id": key_id}, 201
 
 
 @bp.delete("/runner-keys/<key_id>")

@@ -9,17 +9,19 @@ from typing import Any
 
 from ale_verify import db, tokens
 from ale_verify._web import ApiError, authenticated, refuse_fields, run_db, state
+from ale_verify.bodies import NoBody, check_media_type, json_body, read_capped, refuse_declared_over
 from ale_verify.pipeline import Outcome, process_upload
 from quart import Blueprint, request
 
 bp = Blueprint("submissions", __name__)
+BUNDLE_MEDIA_TYPE = "application/octet-stream"
 
 
 @bp.post("/api/v1/challenges")
 @authenticated
 async def new_challenge(user: str) -> Any:
-    if request.args:
-        raise ApiError(400, "unknown_field", "this endpoint takes no parameters")
+    refuse_fields(request.args, what="parameters (this endpoint takes none)")
+    await json_body(NoBody, empty_ok=True)
     s = state()
     settings = s.settings
     if not await run_db(db.take_rate, settings.database, user, "challenge", settings.challenges_per_hour):
@@ -29,15 +31,6 @@ async def new_challenge(user: str) -> Any:
         s.signing_key, challenge_id=row["id"], nonce=row["nonce"], user_id=user, expires_at=row["expires_at"]
     )
     return {"challenge_id": row["id"], "nonce": row["nonce"], "token": token, "expires_at": row["expires_at"]}, 201
-
-
-async def _receive(limit: int) -> bytes:
-    received = bytearray()
-    async for chunk in request.body:
-        received += chunk
-        if len(received) > limit:
-            raise ApiError(413, "too_large", f"the upload limit is {limit} bytes")
-    return bytes(received)
 
 
 def _verdict(outcome: Outcome, public_url: str) -> tuple[dict[str, Any], int]:
@@ -57,13 +50,12 @@ def _verdict(outcome: Outcome, public_url: str) -> tuple[dict[str, Any], int]:
 async def upload(user: str) -> Any:
     s = state()
     settings = s.settings
-    refuse_fields(request.args)
-    declared = request.content_length
-    if declared is not None and declared > settings.max_upload_bytes:
-        raise ApiError(413, "too_large", f"the upload limit is {settings.max_upload_bytes} bytes")
+    refuse_fields(request.args, what="parameters")
+    check_media_type(BUNDLE_MEDIA_TYPE)
+    refuse_declared_over(settings.max_upload_bytes)
     if not await run_db(db.take_rate, settings.database, user, "upload", settings.uploads_per_hour):
         raise ApiError(429, "rate_limited", f"at most {settings.uploads_per_hour} uploads an hour")
-    received = await _receive(settings.max_upload_bytes)
+    received = await read_capped(settings.max_upload_bytes)
     if not received:
         raise ApiError(400, "empty_upload", "the body must be the bundle's bytes")
     path = await asyncio.to_thread(_spool, settings.tmp_dir, received)

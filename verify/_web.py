@@ -118,21 +118,3 @@ def operator(fn: View) -> View:
         return await fn(user, *args, **kwargs)
 
     return wrapper
-
-
-async def json_body(*, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict[str, Any]:
-    try:
-        data = await request.get_json(force=True, silent=True)
-    except (UnicodeDecodeError, ValueError):
-        data = None
-    if not isinstance(data, dict):
-        raise ApiError(400, "bad_request", "the body must be a JSON object")
-    unknown = set(data) - set(required) - set(optional)
-    if unknown & ELEVATION_FIELDS:
-        raise ApiError(400, "self_elevation", "levels are assigned by the verifier, not by requests")
-    if unknown:
-        raise ApiError(400, "unknown_field", f"unknown fields: {', '.join(sorted(unknown))}")
-    for key in required:
-        if not isinstance(data.get(key), str) or not data[key].strip() or len(data[key]) > 2000:
-            raise ApiError(400, "bad_request", f"{key} must be a non-empty string (at most 2000 characters)")
-    return data
