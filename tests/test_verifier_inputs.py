@@ -333,6 +333,116 @@ def test_openapi_request_bodies_are_the_models() -> None:
     assert {"413", "415"} <= set(upload["responses"])
 
 
+# -- path and query parameters, headers ------------------------------------------------------------
+
+HOSTILE_IDS = ["x" * (1 << 20), "x" * 65, "sub_é", "sub_\u202e", "..", "sub_\x00", "sub x", "sub_;drop", "%2e%2e", "~"]
+
+
+@pytest.mark.parametrize("hostile", HOSTILE_IDS, ids=lambda s: repr(s[:12]) + f"-{len(s)}")
+def test_hostile_path_ids_are_404_not_500(world: h.World, tmp_path: Path, hostile: str) -> None:
+    async def go() -> None:
+        site = await Site(world, tmp_path).setup()
+        calls = [
+            ("GET", f"/api/v1/submissions/{hostile}", None, {}),
+            ("POST", f"/api/v1/operator/submissions/{hostile}/audit", h.OPERATOR, {"json": {"reason": "x"}}),
+            ("POST", f"/api/v1/operator/submissions/{hostile}/revoke", h.OPERATOR, {"json": {"reason": "x"}}),
+            ("DELETE", f"/api/v1/operator/runner-keys/{hostile}", h.OPERATOR, {}),
+        ]
+        for method, path, user, kw in calls:
+            _error(await site.v.call(method, path, user=user, **kw), 404, "not_found")
+        site.unchanged()
+
+    h.run(go())
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "category=open&category=overall",
+        "category=" + "x" * (1 << 20),
+        "category=%ff%fe",
+        "category=%00",
+        "category=open%00",
+        "category",
+        "=open",
+        "category=open&" + "x=1&" * 10_000,
+    ],
+    ids=["repeated", "huge", "not-utf8", "nul", "nul-suffix", "no-value", "no-name", "many"],
+)
+def test_hostile_leaderboard_query_is_400_not_500(world: h.World, tmp_path: Path, query: str) -> None:
+    async def go() -> None:
+        v = h.Verifier(world, tmp_path)
+        _error(await v.get(f"/api/v1/leaderboard?{query}"), 400, "bad_request")
+
+    h.run(go())
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["level=audited&level=audited", "x" * (1 << 16), "%ff=1", "a=%00", "=" * 100, "level"],
+    ids=["repeated-level", "huge-name", "not-utf8", "nul", "only-equals", "bare-level"],
+)
+def test_hostile_challenge_and_upload_queries_are_400_not_500(world: h.World, tmp_path: Path, query: str) -> None:
+    async def go() -> None:
+        site = Site(world, tmp_path)
+        challenge = await site.v.post(f"/api/v1/challenges?{query}", user=h.PARTICIPANT)
+        assert challenge.status == 400
+        assert challenge.reason in ("self_elevation", "unknown_field")
+        upload = await site.v.upload(world.bundles["plain"], query=query)
+        assert upload.status == 400
+        assert upload.reason in ("self_elevation", "unknown_field")
+        assert _submission_count(site.v) == 0
+
+    h.run(go())
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        "garbage",
+        "Bearer",
+        "Bearer ",
+        "Bearer " + "A" * (1 << 20),
+        "Bearer ale_" + "é" * 100,
+        "Bearer \x7f\x01",
+        "Basic dXNlcjpwYXNz",
+        "bearer ale_lowercase_scheme",
+        "Bearer a Bearer b",
+        ", ".join(["Bearer x"] * 1000),
+    ],
+    ids=["garbage", "bare", "empty", "huge", "latin1", "control", "basic", "lowercase", "two", "many"],
+)
+def test_hostile_authorization_is_401_not_500(world: h.World, tmp_path: Path, authorization: str) -> None:
+    async def go() -> None:
+        site = await Site(world, tmp_path).setup()
+        headers = {"Authorization": authorization, **JSON}
+        for name, ep in BODY_ENDPOINTS.items():
+            reply = await site.v.post(ep.path.format(sub=site.sub), data=b"{}", headers=headers)
+            _error(reply, 401, "unauthenticated")
+            assert name
+        _error(await site.v.post("/api/v1/submissions", data=b"x", headers=headers), 401, "unauthenticated")
+        _error(await site.v.post("/auth/tokens", headers=headers), 401, "unauthenticated")
+        site.unchanged()
+
+    h.run(go())
+
+
+@pytest.mark.parametrize("length", ["abc", "-5", "1e3", " 12", "0", "9" * 30])
+def test_hostile_content_length_is_4xx_not_500(world: h.World, tmp_path: Path, length: str) -> None:
+    """A ``Content-Length`` that is not a number is ignored (the bytes read decide); a huge one is 413."""
+
+    async def go() -> None:
+        site = await Site(world, tmp_path).setup()
+        headers = {**JSON, "Content-Length": length}
+        for name in BODY_ENDPOINTS:
+            reply = await site.send(name, b'{"x": 1}', headers)
+            assert (reply.status, reply.reason) in ((400, "unknown_field"), (413, "too_large")), name
+            assert (reply.status == 413) == (length == "9" * 30), name
+        site.unchanged()
+
+    h.run(go())
+
+
 # -- the fuzz target ------------------------------------------------------------------------------
 
 CONTENT_TYPES = st.sampled_from(

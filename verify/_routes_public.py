@@ -79,8 +79,6 @@ async def submission_key() -> Any:
 
 @bp.get("/api/v1/submissions/<submission_id>")
 async def get_submission(submission_id: str) -> Any:
-    if len(submission_id) > 64:
-        raise ApiError(404, "not_found", "no such submission")
     row = await run_db(db.get_submission, state().settings.database, submission_id)
     if row is None:
         raise ApiError(404, "not_found", "no such submission")
@@ -89,8 +87,9 @@ async def get_submission(submission_id: str) -> Any:
 
 @bp.get("/api/v1/leaderboard")
 async def leaderboard() -> Any:
-    category = request.args.get("category", "overall")
-    if category not in CATEGORIES or set(request.args) - {"category"}:
-        raise ApiError(400, "bad_request", "category is one of overall, reproduction, open")
+    given = request.args.getlist("category") or ["overall"]
+    category = given[0]
+    if category not in CATEGORIES or len(given) > 1 or set(request.args) - {"category"}:
+        raise ApiError(400, "bad_request", "one category, one of overall, reproduction, open")
     rows = await run_db(db.ranked_submissions, state().settings.database)
     return {"category": category, "rows": leaderboard_rows(rows, category)}

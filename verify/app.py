@@ -18,7 +18,7 @@ from ale_verify._routes_operator import bp as operator_bp
 from ale_verify._routes_public import bp as public_bp
 from ale_verify._routes_public import leaderboard_rows, public_submission
 from ale_verify._routes_submissions import bp as submissions_bp
-from ale_verify._web import STATE_KEY, ApiError, AppState, error_response, state
+from ale_verify._web import STATE_KEY, ApiError, AppState, check_path_ids, error_response, state
 from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 from ale_verify.pipeline import site_identity
@@ -47,6 +47,7 @@ def create_app(settings: Settings) -> Quart:
     )
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
+    app.url_value_preprocessor(check_path_ids)
     app.before_serving(_start_workers)
     app.after_serving(_stop_workers)
     app.register_error_handler(ApiError, _api_error)
