@@ -7,6 +7,9 @@ body-reading endpoint."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import json
 import sqlite3
 import time
@@ -16,7 +19,7 @@ from typing import Any
 import attrs
 import pytest
 import verifier_helpers as h
-from ale_verify import bodies, db, openapi
+from ale_verify import bodies, db, openapi, tokens
 from fuzzing import fuzz_settings, hostile_json, json_values
 from hypothesis import given
 from hypothesis import strategies as st
@@ -441,6 +444,54 @@ def test_hostile_content_length_is_4xx_not_500(world: h.World, tmp_path: Path, l
         site.unchanged()
 
     h.run(go())
+
+
+# -- the challenge token's payload ----------------------------------------------------------------
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _signed(key: bytes, payload: bytes) -> str:
+    """A token the server's key really signed, over any payload."""
+    part = _b64(payload)
+    token = f"v1.{part}.{_b64(hmac.new(key, f'v1.{part}'.encode(), hashlib.sha256).digest())}"
+    assert len(token) <= 2048  # past that a token is refused before its payload is read
+    return token
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[" * 700 + b"]" * 700,
+        b'{"cid": "c", "cid": "d", "exp": 9999999999, "nonce": "n", "sub": "u"}',
+        b'{"cid": "c", "exp": ' + b"9" * 1000 + b', "nonce": "n", "sub": "u"}',
+        b'{"cid": 1, "exp": 9999999999, "nonce": "n", "sub": "u"}',
+        b'{"cid": "c", "exp": true, "nonce": "n", "sub": "u"}',
+        b'{"cid": "c", "exp": 9999999999, "nonce": ["n"], "sub": "u"}',
+        b'{"cid": "c", "exp": 9999999999, "nonce": "n", "sub": "u", "level": "audited"}',
+        b"\xff",
+        b"[]",
+    ],
+    ids=["700-deep", "duplicate", "huge-int", "cid-int", "exp-bool", "nonce-list", "extra", "bytes", "list"],
+)
+def test_token_payload_that_is_hostile_json_is_token_invalid(payload: bytes) -> None:
+    """Even a payload under a genuine signature (a leaked key, a bug that signs what it should not)
+    is parsed by the bounded parser into its typed form, or refused as ``token_invalid``."""
+    key = b"k" * 32
+    with pytest.raises(tokens.TokenError) as caught:
+        tokens.verify(key, _signed(key, payload), now=0)
+    assert caught.value.reason == "token_invalid"
+
+
+def test_token_round_trip_is_typed() -> None:
+    key = b"k" * 32
+    token = tokens.issue(key, challenge_id="chl_1", nonce="ab", user_id="u", expires_at=100.7)
+    assert tokens.decode(key, token, now=50) == tokens.TokenPayload(cid="chl_1", exp=100, nonce="ab", sub="u")
+    assert tokens.verify(key, token, now=50) == {"cid": "chl_1", "exp": 100, "nonce": "ab", "sub": "u"}
+    with pytest.raises(tokens.TokenError, match="expired"):
+        tokens.verify(key, token, now=101)
 
 
 # -- the fuzz target ------------------------------------------------------------------------------
