@@ -12,9 +12,13 @@ import hashlib
 import hmac
 import json
 import sqlite3
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import attrs
 import pytest
@@ -442,6 +446,139 @@ def test_hostile_content_length_is_4xx_not_500(world: h.World, tmp_path: Path, l
             assert (reply.status, reply.reason) in ((400, "unknown_field"), (413, "too_large")), name
             assert (reply.status == 413) == (length == "9" * 30), name
         site.unchanged()
+
+    h.run(go())
+
+
+def test_docs_state_the_input_limits() -> None:
+    """docs/verifier.md gives the limits the code enforces."""
+    from ale_verify import _routes_auth, _web
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "verifier.md").read_text()
+    section = text.split("### Request bodies, parameters and headers", 1)[1].split("\n## ", 1)[0]
+    assert f"{bodies.MAX_JSON_BODY} bytes (128 KiB)" in section
+    assert bodies.MAX_JSON_BODY == 128 * 1024
+    assert f"deeper than **{bodies.MAX_JSON_DEPTH}**" in section
+    assert f"over-{bodies.MAX_TEXT}-character" in section
+    assert f"{_web.MAX_AUTHORIZATION} characters or more" in section
+    assert f"`code` over {_routes_auth.MAX_OAUTH_CODE} characters" in section
+    assert _routes_auth.MAX_PROVIDER_REPLY == 1 << 20
+    assert "up to 1 MiB" in section
+    assert _web.PATH_ID.pattern == "[A-Za-z0-9_-]{1,64}"
+    assert "at most 64 characters of `A-Z a-z 0-9 _ -`" in section
+    assert openapi.ID_SCHEMA["pattern"] == f"^{_web.PATH_ID.pattern}$"
+
+
+# -- the OAuth provider's replies ---------------------------------------------------------------
+
+
+@attrs.define
+class Provider:
+    """A GitHub stand-in whose replies are whatever the test sets."""
+
+    url: str = ""
+    token_body: bytes = b'{"access_token": "gho_x", "token_type": "bearer"}'
+    user_body: bytes = b'{"login": "octocat"}'
+    seen: list[str] = attrs.Factory(list)
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _send(self, body: bytes) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                provider.seen.append(f"POST {self.path} {length}")
+                self.rfile.read(length)
+                self._send(provider.token_body)
+
+            def do_GET(self) -> None:
+                provider.seen.append(f"GET {self.path}")
+                self._send(provider.user_body)
+
+        return Handler
+
+
+@pytest.fixture
+def provider() -> Iterator[Provider]:
+    fake = Provider()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), fake.handler())
+    fake.url = f"http://127.0.0.1:{server.server_address[1]}"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield fake
+    server.shutdown()
+    server.server_close()
+    thread.join(10)
+
+
+def _oauth_site(world: h.World, tmp: Path, provider: Provider) -> h.Verifier:
+    return h.Verifier(
+        world,
+        tmp,
+        github_client_id="Iv1.test",
+        github_client_secret="secret",
+        github_authorize_url=f"{provider.url}/authorize",
+        github_token_url=f"{provider.url}/token",
+        github_user_url=f"{provider.url}/user",
+    )
+
+
+async def _callback(v: h.Verifier, code: str) -> h.Reply:
+    login = await v.get("/auth/login")
+    assert login.status == 302
+    state = parse_qs(urlsplit(login.headers["Location"]).query)["state"][0]
+    return await v.get(f"/auth/callback?state={state}&code={code}")
+
+
+DEEP = b"[" * 200_000 + b"]" * 200_000
+LOGIN = b'{"login": "octocat"}'
+
+
+@pytest.mark.parametrize(
+    ("token_body", "user_body"),
+    [
+        (DEEP, LOGIN),
+        (b'{"access_token": "gho_x", "access_token": "gho_y"}', LOGIN),
+        (b'{"access_token": "gho_x", "n": ' + b"9" * 5000 + b"}", LOGIN),
+        (b'{"access_token": "gho_x", "pad": "' + b"x" * (2 << 20) + b'"}', LOGIN),
+        (b'{"access_token": "gho_x"}', DEEP),
+        (b'{"access_token": "gho_x"}', b'{"login": "a", "login": "b"}'),
+        (b'{"access_token": "gho_x"}', b'{"login": "\xff"}'),
+    ],
+    ids=["token-deep", "token-duplicate", "token-huge-int", "token-huge", "user-deep", "user-duplicate", "user-bytes"],
+)
+def test_provider_reply_that_is_hostile_json_is_502_not_500(
+    world: h.World, tmp_path: Path, provider: Provider, token_body: bytes, user_body: bytes
+) -> None:
+    async def go() -> None:
+        v = _oauth_site(world, tmp_path, provider)
+        provider.token_body, provider.user_body = token_body, user_body
+        _error(await _callback(v, "abc"), 502, "oauth_failed")
+        _error(await v.get("/auth/whoami"), 401, "unauthenticated")
+        await v.assert_healthy()
+
+    h.run(go())
+
+
+def test_oauth_callback_with_a_huge_code_is_400_before_the_provider_is_asked(
+    world: h.World, tmp_path: Path, provider: Provider
+) -> None:
+    async def go() -> None:
+        v = _oauth_site(world, tmp_path, provider)
+        _error(await _callback(v, "c" * (1 << 20)), 400, "bad_request")
+        assert provider.seen == []
+        assert (await _callback(v, "abc")).status == 302  # a code of the usual size still logs in
+        assert provider.seen[0].startswith("POST /token")
 
     h.run(go())
 

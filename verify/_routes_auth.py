@@ -12,7 +12,18 @@ from ale_verify._web import ApiError, authenticated, run_db, state
 from ale_verify.config import Settings
 from quart import Blueprint, redirect, request, session
 
+from ale.core.parse import ParseError, parse_json
+
 bp = Blueprint("auth", __name__, url_prefix="/auth")
+#: An authorization code longer than this is not one (GitHub's are 20 characters).
+MAX_OAUTH_CODE = 512
+#: The provider's replies are small objects; a longer one is refused unread past this.
+MAX_PROVIDER_REPLY = 1 << 20
+MAX_PROVIDER_FIELD = 4096
+
+
+class ProviderError(Exception):
+    """The provider answered something that is not a small JSON document."""
 
 
 @bp.get("/login")
@@ -40,8 +51,8 @@ async def callback() -> Any:
     if not expected or not secrets.compare_digest(given, str(expected).encode()):
         raise ApiError(400, "bad_state", "the OAuth state does not match this browser's login")
     code = request.args.get("code")
-    if not code:
-        raise ApiError(400, "bad_request", "the provider sent no code")
+    if not code or len(code) > MAX_OAUTH_CODE:
+        raise ApiError(400, "bad_request", f"the provider sent no code (of at most {MAX_OAUTH_CODE} characters)")
     settings = state().settings
     login_name = await _github_login(settings, code)
     user = f"github:{login_name}"
@@ -71,27 +82,46 @@ async def logout() -> Any:
     return {"logged_out": True}
 
 
+async def _provider_json(client: httpx.AsyncClient, method: str, url: str, **kw: Any) -> Any:
+    """The provider's JSON reply (None unless 200), read at most :data:`MAX_PROVIDER_REPLY` bytes
+    and parsed with the project's bounded parser; ``ProviderError`` for anything else."""
+    async with client.stream(method, url, **kw) as reply:
+        if reply.status_code != 200:
+            return None
+        received = bytearray()
+        async for chunk in reply.aiter_bytes():
+            received += chunk
+            if len(received) > MAX_PROVIDER_REPLY:
+                raise ProviderError(f"the provider's reply is over {MAX_PROVIDER_REPLY} bytes")
+    try:
+        return parse_json(bytes(received), what="the provider's reply", max_bytes=MAX_PROVIDER_REPLY)
+    except ParseError as exc:
+        raise ProviderError(str(exc)) from None
+
+
+def _field(body: Any, name: str, max_length: int) -> str | None:
+    value = body.get(name) if isinstance(body, dict) else None
+    ok = isinstance(value, str) and 0 < len(value) <= max_length
+    return value if ok else None
+
+
 async def _github_login(settings: Settings, code: str) -> str:
     """Exchange the code for a token and the token for a login; 502 oauth_failed on any misstep."""
     redirect_uri = f"{settings.public_url}/auth/callback"
     form = {"client_id": settings.github_client_id, "client_secret": settings.github_client_secret,
             "code": code, "redirect_uri": redirect_uri}  # fmt: skip
+    accept = {"Accept": "application/json"}
     try:
         async with httpx.AsyncClient(timeout=15) as client:
-            token_reply = await client.post(
-                settings.github_token_url, data=form, headers={"Accept": "application/json"}
-            )
-            token_body = token_reply.json() if token_reply.status_code == 200 else None
-            access = token_body.get("access_token") if isinstance(token_body, dict) else None
-            if not isinstance(access, str) or not access:
+            token_body = await _provider_json(client, "POST", settings.github_token_url, data=form, headers=accept)
+            access = _field(token_body, "access_token", MAX_PROVIDER_FIELD)
+            if access is None:
                 raise ApiError(502, "oauth_failed", "the provider did not grant an access token")
-            user_reply = await client.get(
-                settings.github_user_url, headers={"Authorization": f"Bearer {access}", "Accept": "application/json"}
-            )
-            user_body = user_reply.json() if user_reply.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
+            headers = {**accept, "Authorization": f"Bearer {access}"}
+            user_body = await _provider_json(client, "GET", settings.github_user_url, headers=headers)
+    except (httpx.HTTPError, ProviderError):
         raise ApiError(502, "oauth_failed", "the provider could not be reached or answered nonsense") from None
-    login_name = user_body.get("login") if isinstance(user_body, dict) else None
-    if not isinstance(login_name, str) or not login_name or len(login_name) > 100:
+    login_name = _field(user_body, "login", 100)
+    if login_name is None:
         raise ApiError(502, "oauth_failed", "the provider did not return a user")
     return login_name
