@@ -65,7 +65,14 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
 
 
 AUTH = [{"bearer": []}]
-ID_PARAM = {"name": "submission_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 64}}
+#: Path identifiers; any other value is a 404 (verify/_web.py PATH_ID).
+ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "maxLength": 64}
+ID_PARAM = {"name": "submission_id", "in": "path", "required": True, "schema": ID_SCHEMA}
+#: Every JSON body: at most 128 KiB, nesting at most 8 deep, UTF-8, unique keys (verify/bodies.py).
+BODY_ERRORS = {
+    "413": _error("body over 128 KiB"),
+    "415": _error("body not application/json"),
+}
 REASON_BODY = {
     "required": True,
     "content": {
@@ -96,6 +103,7 @@ def _level_change(operation: str, conflict: str) -> dict[str, Any]:
                 "403": _error("not an operator"),
                 "404": _error("unknown id"),
                 "409": _error(conflict),
+                **BODY_ERRORS,
             },
         }
     }
@@ -140,6 +148,10 @@ def document(server_url: str) -> dict[str, Any]:
                     "operationId": "createChallenge",
                     "security": AUTH,
                     "summary": "a one-time, expiring, server-signed challenge; the run binds its nonce",
+                    "requestBody": {
+                        "required": False,
+                        "content": {"application/json": {"schema": {"type": "object", "additionalProperties": False}}},
+                    },
                     "responses": {
                         "201": _json(
                             {
@@ -154,9 +166,10 @@ def document(server_url: str) -> dict[str, Any]:
                             },
                             "Created",
                         ),
-                        "400": _error("parameters given"),
+                        "400": _error("parameters or body fields given"),
                         "401": _error("no valid token"),
                         "429": _error("rate limited"),
+                        **BODY_ERRORS,
                     },
                 }
             },
@@ -179,6 +192,7 @@ def document(server_url: str) -> dict[str, Any]:
                         "400": _error("empty upload or a refused field"),
                         "401": _error("no valid token"),
                         "413": _error("over the size cap"),
+                        "415": _error("body not application/octet-stream"),
                         "429": _error("rate limited"),
                     },
                 }
@@ -266,6 +280,7 @@ def document(server_url: str) -> dict[str, Any]:
                         "401": _error("no valid token"),
                         "403": _error("not an operator"),
                         "409": _error("already registered"),
+                        **BODY_ERRORS,
                     },
                 },
             },
@@ -273,7 +288,7 @@ def document(server_url: str) -> dict[str, Any]:
                 "delete": {
                     "operationId": "retireRunnerKey",
                     "security": AUTH,
-                    "parameters": [{"name": "key_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "parameters": [{"name": "key_id", "in": "path", "required": True, "schema": ID_SCHEMA}],
                     "responses": {
                         "200": _json({"type": "object"}),
                         "401": _error("no valid token"),

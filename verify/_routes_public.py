@@ -1,0 +1,95 @@
+"""Public reads: health, the OpenAPI document, the submission key, a submission, the leaderboard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ale_verify import __version__, db, openapi
+from ale_verify._web import ApiError, run_db, state
+from quart import Blueprint, request
+
+bp = Blueprint("public", __name__)
+CATEGORIES = ("overall", "reproduction", "open")
+
+
+def public_submission(row: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "status": row["status"],
+        "level": row["level"],
+        "reason": row["reason"],
+        "reasons": row["reasons"],
+        "received_at": row["received_at"],
+        "run_id": row["run_id"],
+        "summary": row["summary"],
+        "history": [
+            {k: h[k] for k in ("at", "actor", "action", "from_level", "to_level", "reason")}
+            for h in row.get("history", [])
+        ],
+    }
+
+
+def _board_row(row: dict[str, Any], score: float) -> dict[str, Any]:
+    summary = row["summary"]
+    declared = summary["agent"]["declared"]
+    covered, missing = summary.get("covered", []), summary.get("missing", [])
+    return {
+        "submission_id": row["id"],
+        "agent": summary["agent"]["name"],
+        "model": declared.get("model"),
+        "effort": declared.get("effort"),
+        "score": score,
+        "pass_rate": summary.get("pass_rate"),
+        "covered": len(covered),
+        "required": len(covered) + len(missing),
+        "level": row["level"],
+        "received_at": row["received_at"],
+    }
+
+
+def leaderboard_rows(rows: list[dict[str, Any]], category: str) -> list[dict[str, Any]]:
+    """Accepted submissions ranked by their category score; revoked ones kept, marked, unranked."""
+    out = []
+    for row in rows:
+        score = (row["summary"].get("categories") or {}).get(category)
+        if score is not None:
+            out.append(_board_row(row, score))
+    ranked = sorted((r for r in out if r["level"] != "revoked"), key=lambda r: (-r["score"], r["received_at"]))
+    for rank, r in enumerate(ranked, start=1):
+        r["rank"] = rank
+    revoked = [dict(r, rank=None) for r in out if r["level"] == "revoked"]
+    return ranked + revoked
+
+
+@bp.get("/healthz")
+async def healthz() -> Any:
+    return {"status": "ok", "version": __version__}
+
+
+@bp.get("/api/v1/openapi.json")
+async def openapi_document() -> Any:
+    return openapi.document(state().settings.public_url)
+
+
+@bp.get("/api/v1/submission-key")
+async def submission_key() -> Any:
+    s = state()
+    return {"recipient": s.recipient, "format": "age-x25519", "max_upload_bytes": s.settings.max_upload_bytes}
+
+
+@bp.get("/api/v1/submissions/<submission_id>")
+async def get_submission(submission_id: str) -> Any:
+    row = await run_db(db.get_submission, state().settings.database, submission_id)
+    if row is None:
+        raise ApiError(404, "not_found", "no such submission")
+    return public_submission(row)
+
+
+@bp.get("/api/v1/leaderboard")
+async def leaderboard() -> Any:
+    given = request.args.getlist("category") or ["overall"]
+    category = given[0]
+    if category not in CATEGORIES or len(given) > 1 or set(request.args) - {"category"}:
+        raise ApiError(400, "bad_request", "one category, one of overall, reproduction, open")
+    rows = await run_db(db.ranked_submissions, state().settings.database)
+    return {"category": category, "rows": leaderboard_rows(rows, category)}

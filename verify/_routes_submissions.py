@@ -1,0 +1,71 @@
+"""A participant's side: challenges and uploads."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ale_verify import db, tokens
+from ale_verify._web import ApiError, authenticated, refuse_fields, run_db, state
+from ale_verify.bodies import NoBody, check_media_type, json_body, read_capped, refuse_declared_over
+from ale_verify.pipeline import Outcome, process_upload
+from quart import Blueprint, request
+
+bp = Blueprint("submissions", __name__)
+BUNDLE_MEDIA_TYPE = "application/octet-stream"
+
+
+@bp.post("/api/v1/challenges")
+@authenticated
+async def new_challenge(user: str) -> Any:
+    refuse_fields(request.args, what="parameters (this endpoint takes none)")
+    await json_body(NoBody, empty_ok=True)
+    s = state()
+    settings = s.settings
+    if not await run_db(db.take_rate, settings.database, user, "challenge", settings.challenges_per_hour):
+        raise ApiError(429, "rate_limited", f"at most {settings.challenges_per_hour} challenges an hour")
+    row = await run_db(db.create_challenge, settings.database, user, settings.challenge_ttl_s)
+    token = tokens.issue(
+        s.signing_key, challenge_id=row["id"], nonce=row["nonce"], user_id=user, expires_at=row["expires_at"]
+    )
+    return {"challenge_id": row["id"], "nonce": row["nonce"], "token": token, "expires_at": row["expires_at"]}, 201
+
+
+def _verdict(outcome: Outcome, public_url: str) -> tuple[dict[str, Any], int]:
+    body = {
+        "id": outcome.submission_id,
+        "status": outcome.status,
+        "level": outcome.level,
+        "reason": outcome.reason,
+        "reasons": outcome.reasons,
+        "url": f"{public_url}/api/v1/submissions/{outcome.submission_id}",
+    }
+    return body, 201 if outcome.status == "accepted" else 422
+
+
+@bp.post("/api/v1/submissions")
+@authenticated
+async def upload(user: str) -> Any:
+    s = state()
+    settings = s.settings
+    refuse_fields(request.args, what="parameters")
+    check_media_type(BUNDLE_MEDIA_TYPE)
+    refuse_declared_over(settings.max_upload_bytes)
+    if not await run_db(db.take_rate, settings.database, user, "upload", settings.uploads_per_hour):
+        raise ApiError(429, "rate_limited", f"at most {settings.uploads_per_hour} uploads an hour")
+    received = await read_capped(settings.max_upload_bytes)
+    if not received:
+        raise ApiError(400, "empty_upload", "the body must be the bundle's bytes")
+    path = await asyncio.to_thread(_spool, settings.tmp_dir, received)
+    del received
+    outcome = await asyncio.to_thread(process_upload, path, settings, s.signing_key, user_id=user, workers=s.workers)
+    return _verdict(outcome, settings.public_url)
+
+
+def _spool(tmp_dir: Path, data: bytes) -> Path:
+    fd, name = tempfile.mkstemp(prefix="upload-", suffix=".ale", dir=tmp_dir)
+    with open(fd, "wb") as fh:
+        fh.write(data)
+    return Path(name)
