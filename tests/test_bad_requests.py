@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 import safetensors.numpy
 from ale_evaluator.envs import make_env
+from ale_evaluator.errors import MAX_STATUS_CHARS
+from ale_evaluator.events import MAX_STRING_CHARS
+from ale_evaluator.server import long_poll_slots
 from ale_evaluator.service import METHODS, AleEnvServicer, Limits
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -24,7 +28,7 @@ from ale import catalog
 from ale.client import AleEnvClient, AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.env.v1 import env_pb2_grpc
-from ale.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME, decode_tensor, encode_tensor
+from ale.protocol import ECHO_CHARS, MAX_ID_CHARS, MAX_MESSAGE_BYTES, SERVICE_NAME, decode_tensor, encode_tensor
 
 ROLES = ("agent", "harness")
 OK = grpc.StatusCode.OK
@@ -508,3 +512,12 @@ def test_an_event_log_that_cannot_be_written_is_internal_and_logged(evaluator, c
     assert exc.code == grpc.StatusCode.INTERNAL
     assert "No space" not in exc.details
     assert any("the event log could not be written" in r.getMessage() for r in caplog.records)
+
+
+def test_the_caps_docs_protocol_md_states_are_the_codes():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    caps = f"{ECHO_CHARS} / {MAX_STATUS_CHARS} / {MAX_STRING_CHARS} characters"
+    assert f"| a caller's value echoed in a message / a status message / a string in an event line | {caps} |" in doc
+    assert f"`env_id`, `session_id`, `batch_id`, `task_id`) | {MAX_ID_CHARS} characters |" in doc
+    assert f"| half its worker threads ({long_poll_slots(4)} of 4) |" in doc
+    assert f"queued or running batch evaluations | {Limits().max_pending_batches} per endpoint |" in doc
