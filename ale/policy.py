@@ -41,7 +41,7 @@ import numpy as np
 import safetensors.numpy
 
 from ale.core.parse import ParseError, parse_json, structure
-from ale.protocol import echo
+from ale.protocol import cut, echo
 
 POLICY_FORMAT = "ale-policy/v1"
 METADATA_KEY = "ale-policy"
@@ -53,6 +53,8 @@ MAX_PARAMETERS = 2_000_000
 #: (a valid header is 3 levels, ``{"name": {"shape": [...]}}``; an architecture is 3).
 MAX_HEADER_BYTES = 1 << 20
 MAX_JSON_DEPTH = 8
+#: A parser's message can quote the artifact (a bad value, say): it is cut to this many characters.
+MAX_REASON_CHARS = 400
 
 Activation = Literal["identity", "tanh", "relu"]
 
@@ -183,7 +185,7 @@ def _read_architecture(raw: bytes) -> str:
             raw[8 : 8 + header_len], what="safetensors header", max_bytes=MAX_HEADER_BYTES, max_depth=MAX_JSON_DEPTH
         )
     except ParseError as exc:
-        raise PolicyError(str(exc)) from None
+        raise PolicyError(cut(str(exc), MAX_REASON_CHARS)) from None
     if not isinstance(header, dict):
         raise PolicyError("safetensors header is not a JSON object")
     meta = header.get("__metadata__")
@@ -213,7 +215,7 @@ def load_policy(raw: bytes, *, max_bytes: int = MAX_POLICY_BYTES) -> Policy:
         value = parse_json(text, what="policy architecture", max_bytes=MAX_HEADER_BYTES, max_depth=MAX_JSON_DEPTH)
         arch = structure(value, Architecture, what="policy architecture")
     except ParseError as exc:
-        raise PolicyError(str(exc)) from None
+        raise PolicyError(cut(str(exc), MAX_REASON_CHARS)) from None
     try:
         tensors = safetensors.numpy.load(raw)
     except Exception as exc:  # the library raises several types for a corrupt file

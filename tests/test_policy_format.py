@@ -232,6 +232,14 @@ def test_a_header_that_is_hostile_json_is_refused_with_policy_error_not_a_crash(
     assert len(str(err.value)) < 400
 
 
+def test_a_parser_message_quoting_a_100k_character_value_is_cut() -> None:
+    layer = {"weight": "w", "bias": "b", "activation": "x" * 100_000}
+    with pytest.raises(PolicyError, match="policy architecture") as err:
+        load_policy(_artifact(GOOD, _arch(layers=[layer])))
+    assert len(str(err.value)) < 500
+    assert str(err.value).endswith(" characters cut]")
+
+
 def test_names_from_the_artifact_are_echoed_cut() -> None:
     long = "n" * 100_000
     raw = _artifact(GOOD, _arch(layers=[{"weight": long, "bias": "b", "activation": "identity"}]))
