@@ -54,8 +54,9 @@ def keep_to_cpu(cpu: int) -> frozenset[int]:
 
 
 def long_poll_slots(workers: int) -> int:
-    """How many of an endpoint's ``workers`` threads may hold a long poll at once: half, at least one."""
-    return max(1, workers // 2)
+    """How many of an endpoint's ``workers`` threads may hold a long poll at once: half, rounded down
+    (one worker: none, every long poll is answered at once)."""
+    return workers // 2
 
 
 def _serve_one(

@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from ale_evaluator.envs import make_env
+from ale_evaluator.server import start, unix_address
 from ale_evaluator.service import Limits
 from evaluator_helpers import code_of, wait_for_batch
 from google.protobuf import descriptor_pb2
@@ -540,3 +541,25 @@ def test_long_polls_in_flight_never_starve_get_spec(make_evaluator):
     assert sorted(answered) == list(range(len(threads)))
     for client in clients:
         client.close()
+
+
+def test_an_endpoint_with_one_worker_holds_no_long_poll(make_evaluator, short_tmp):
+    ev = make_evaluator()
+    running = start(
+        ev.state,
+        agent_address=unix_address(short_tmp / "one-a.sock"),
+        harness_address=unix_address(short_tmp / "one-h.sock"),
+        workers=1,
+    )
+    try:
+        assert running.servicers["agent"].long_polls.slots == 0
+        client = AleEnvClient(running.agent_address, timeout=30)
+        balancing = linear_policy(np.array([[0.0, 0.0, 0.0, 0.0], [0.0, 0.5, 10.0, 2.0]]), output="discrete")
+        busy = client.submit_batch_eval(balancing, num_episodes=10_000).batch_id
+        status = client.get_batch_eval_status(busy, wait_ms=10_000)  # answered at once: no slot to wait in
+        assert status.state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING)
+        assert client.get_spec().task_id == "cartpole-balance"
+        client.close()
+    finally:
+        for server in running.servers:
+            server.stop(0).wait()
