@@ -156,6 +156,9 @@ class Evaluator:
                     str(self.agent_socket),
                     "--harness-socket",
                     str(self.harness_socket),
+                    # A bench steps far past any task's budget; the steps are still counted.
+                    "--env-step-budget",
+                    "none",
                     *self.extra,
                 ],
                 stdin=subprocess.DEVNULL,

@@ -30,23 +30,23 @@ def make_env(task: Task) -> gym.Env:
     return gym.make(task.spec.gym_id, disable_env_checker=True, **task.spec.gym_kwargs)
 
 
-def check_actions(space: gym.Space, num_envs: int, action: np.ndarray) -> np.ndarray:
-    """Validate a batch of actions against one copy's space; clip boxes to bounds."""
+def action_shape(space: gym.Space, num_envs: int) -> tuple[int, ...]:
+    """The shape of a Step's action tensor: [K, *one copy's action shape] (a Discrete action is a scalar)."""
+    return (num_envs, *space.shape) if isinstance(space, gym.spaces.Box) else (num_envs,)
+
+
+def check_actions(space: gym.Space, shape: tuple[int, ...], action: np.ndarray) -> np.ndarray:
+    """Validate a batch of actions of ``shape`` (``action_shape``; the service's tensor decoder
+    checks it first) against one copy's space; clip boxes to bounds."""
+    if action.shape != shape:
+        raise invalid(f"action has shape {list(action.shape)}; expected {list(shape)}")
     if isinstance(space, gym.spaces.Box):
-        expected = (num_envs, *space.shape)
-        if action.shape != expected:
-            raise invalid(
-                f"action has shape {list(action.shape)}; expected {list(expected)} "
-                f"(num_envs={num_envs}, action space shape {list(space.shape)})"
-            )
         if action.dtype.kind != "f":
             raise invalid(f"action dtype is {action.dtype}; a Box action space takes float32 or float64")
         if not np.all(np.isfinite(action)):
             raise invalid("action holds NaN or infinity")
         return np.clip(action, space.low, space.high).astype(space.dtype, copy=False)
     if isinstance(space, gym.spaces.Discrete):
-        if action.shape != (num_envs,):
-            raise invalid(f"action has shape {list(action.shape)}; expected [{num_envs}] for a Discrete space")
         if action.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
             raise invalid(f"action dtype is {action.dtype}; a Discrete action space takes int32 or int64")
         lo, hi = int(space.start), int(space.start + space.n)
@@ -153,6 +153,7 @@ class EnvGroup:
     owner: str  # the endpoint that created it: "agent" | "harness"
     step_pool: StepPool | None = None  # threads to step MuJoCo copies on (ale_evaluator.parallel)
     envs: list[gym.Env] = attrs.field(init=False)
+    action_shape: tuple[int, ...] = attrs.field(init=False)  # of a Step's action tensor
     meters: list[EpisodeMeter | None] = attrs.field(init=False)
     lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     last_used: float = attrs.field(init=False, factory=time.monotonic)
@@ -163,6 +164,7 @@ class EnvGroup:
 
     def __attrs_post_init__(self) -> None:
         self.envs = [make_env(self.task) for _ in range(self.num_envs)]
+        self.action_shape = action_shape(self.envs[0].action_space, self.num_envs)
         self.meters = [None] * self.num_envs
         if self.num_envs >= MIN_BATCHED_COPIES and BatchedCartPole.fits(self.envs):
             self.batched = BatchedCartPole(self.envs)
@@ -202,7 +204,7 @@ class EnvGroup:
                 raise precondition("Step before Reset: call Reset first")
             if meter.done:
                 raise precondition(f"copy {i}: the episode has ended; call Reset (autoreset is disabled)")
-        actions = check_actions(self.action_space, self.num_envs, action)
+        actions = check_actions(self.action_space, self.action_shape, action)
         if self.batched is not None:
             obs, reward, terminated, truncated = self.batched.step(actions)
         elif self.parallel is not None:

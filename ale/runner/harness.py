@@ -14,6 +14,7 @@ Ctrl-C or SIGTERM stops the agent and the evaluator, flushes the trajectory mark
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -551,14 +552,18 @@ class Harness:
         s = task.spec
         n = self.options.episodes or s.official_episodes
         outcome.episodes = n
-        self.progress.phase(s.id, "official evaluation", f"{n} episodes on hidden seeds")
+        deadline_s = official_deadline_s(task, n, self.options.eval_time_s)
+        self.progress.phase(s.id, "official evaluation", f"{n} episodes on hidden seeds, {deadline_s:.0f} s deadline")
         rec.emit("trusted_harness", "official_evaluation_started", {"task": s.ref, "mode": s.mode, "episodes": n})
         client = AleEnvClient(ev.harness_target, timeout=60)
+        deadline = Deadline(time.monotonic() + deadline_s, deadline_s)
         try:
             if s.mode == "batch":
-                result = await self._official_batch(task, client, workspace, n, outcome, rec)
+                result = await self._official_batch(task, client, workspace, n, outcome, rec, deadline)
             else:
-                result = await self._official_interactive(task, ev, client, task_dir, workspace, n, outcome, rec)
+                result = await self._official_interactive(
+                    task, ev, client, task_dir, workspace, n, outcome, rec, deadline
+                )
         except AleEnvError as exc:
             self._check_alive(ev, task)
             raise RunError(f"{s.id}: the evaluator refused the official evaluation: {exc}") from None
@@ -586,7 +591,14 @@ class Harness:
         )
 
     async def _official_batch(
-        self, task: catalog.Task, client: AleEnvClient, workspace: Path, n: int, outcome: TaskOutcome, rec: Recorder
+        self,
+        task: catalog.Task,
+        client: AleEnvClient,
+        workspace: Path,
+        n: int,
+        outcome: TaskOutcome,
+        rec: Recorder,
+        deadline: Deadline,
     ) -> pb.EvalResult | None:
         path = workspace / POLICY_ARTIFACT
         info = await _left_policy(path, "policy artifact", outcome, executable=False)
@@ -612,12 +624,19 @@ class Harness:
                 return None
             raise
         while True:
-            status = await trio.to_thread.run_sync(lambda: client.get_batch_eval_status(batch.batch_id, wait_ms=1000))
+            wait_ms = int(min(1.0, deadline.remaining()) * 1000)
+            status = await trio.to_thread.run_sync(
+                functools.partial(client.get_batch_eval_status, batch.batch_id, wait_ms=wait_ms)
+            )
             self.progress.update(task.spec.id, f"{status.episodes_done}/{status.num_episodes} episodes")
             if status.state in (pb.BATCH_STATE_DONE, pb.BATCH_STATE_FAILED):
                 break
+            if deadline.remaining() <= 0:
+                outcome.reason = deadline.missed(status.episodes_done, status.num_episodes)
+                break
         if status.state == pb.BATCH_STATE_FAILED:
             outcome.reason = f"the batch evaluation failed: {status.error}"
+        # Finalizing stops a batch still running: its missing episodes count as the worst value.
         return await trio.to_thread.run_sync(lambda: client.get_eval_result(batch.batch_id, finalize=True))
 
     async def _official_interactive(
@@ -630,6 +649,7 @@ class Harness:
         n: int,
         outcome: TaskOutcome,
         rec: Recorder,
+        deadline: Deadline,
     ) -> pb.EvalResult | None:
         if await _left_policy(workspace / POLICY_ENTRYPOINT, "policy entrypoint", outcome, executable=True) is None:
             return None
@@ -637,7 +657,6 @@ class Harness:
         session = await trio.to_thread.run_sync(lambda: client.start_eval_session(created.env_id, num_episodes=n))
         rec.emit("trusted_harness", "eval_session_opened", {"task": task.spec.ref, "episodes": session.num_episodes})
         env = self._env(task) | {"ALE_ENV_ID": session.env_id, "ALE_NUM_EPISODES": str(session.num_episodes)}
-        limit = self.options.eval_time_s or 120.0 + 0.004 * n * 1000
 
         async def should_stop() -> str:
             snapshot = await trio.to_thread.run_sync(lambda: client.get_eval_result(session.session_id))
@@ -653,7 +672,7 @@ class Harness:
                 evaluator_socket=ev.agent_socket,
                 env=env,
                 limits=self.options.limits,
-                wall_time_s=limit,
+                wall_time_s=deadline.remaining(),
             ),
             _agent_sink(rec, "policy_"),
             should_stop=should_stop,
@@ -671,7 +690,40 @@ class Harness:
         )
         self._check_alive(ev, task)
         final = await trio.to_thread.run_sync(lambda: client.get_eval_result(session.session_id, finalize=True))
+        reasons = []
+        if result.stopped_for == "wall_time":
+            done = sum(not e.aborted for e in final.episodes)
+            reasons.append(deadline.missed(done, n))
         aborted = sum(e.aborted for e in final.episodes)
         if aborted:
-            outcome.reason = f"{aborted} of {n} episodes were aborted"
+            reasons.append(f"{aborted} of {n} episodes were aborted")
+        outcome.reason = "; ".join(reasons)
         return final
+
+
+#: The official evaluation's allowance: a fixed start-up margin plus this much per official episode
+#: (a 1000-step episode at 4 ms a step over gRPC), never more than the agent's own wall-time budget.
+OFFICIAL_BASE_S = 120.0
+OFFICIAL_PER_EPISODE_S = 4.0
+
+
+def official_deadline_s(task: catalog.Task, episodes: int, override: float | None = None) -> float:
+    """How long the official evaluation of ``episodes`` episodes may take (docs/decisions.md)."""
+    if override is not None:
+        return override
+    return min(float(task.spec.budgets.wall_time_s), OFFICIAL_BASE_S + OFFICIAL_PER_EPISODE_S * episodes)
+
+
+@attrs.frozen
+class Deadline:
+    """When the official evaluation must be over (``at``, monotonic), ``seconds`` after it began."""
+
+    at: float
+    seconds: float
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def missed(self, done: int, total: int) -> str:
+        """The failure reason recorded when the deadline passed with ``done`` of ``total`` episodes."""
+        return f"the official evaluation passed its deadline of {self.seconds:g} s with {done} of {total} episodes done"
