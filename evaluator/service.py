@@ -79,6 +79,7 @@ class Limits:
     max_total_copies: int = 2048
     max_episodes: int = 10_000  # per eval session or batch
     max_pending_batches: int = 4  # per endpoint: the agent's queue and the harness's are separate
+    max_finished_batches: int = 32  # finished agent batches kept for GetBatchEvalStatus; the oldest go first
     max_policy_bytes: int = 8 * 1024 * 1024
 
 
@@ -210,6 +211,14 @@ class EvaluatorState:
             jobs = [job for job in self.batches.values() if job.owner == AGENT]
         for job in jobs:
             job.stop(AGENT_PHASE_OVER)
+
+    def forget_finished_agent_batches(self, *, keep: int) -> None:
+        """Drop the oldest finished agent batches past ``keep`` (call with the lock held), so that an
+        agent submitting many small batches cannot grow the evaluator's memory without bound.
+        Official and harness batches are never dropped; the dict keeps submission order."""
+        finished = [bid for bid, job in self.batches.items() if job.owner == AGENT and not job.active]
+        for bid in finished[: max(0, len(finished) - keep)]:
+            del self.batches[bid]
 
     def batch_progress(self, job: BatchJob, *, final: bool = False) -> None:
         """A ``batch_progress`` event: every job's progress, and the agent's step total with its own."""
@@ -531,6 +540,8 @@ class AleEnvServicer:
                     f"{pending} batch evaluations of the {self.role} endpoint are already queued; "
                     "wait for one to finish"
                 )
+            if self.role == AGENT:
+                st.forget_finished_agent_batches(keep=st.limits.max_finished_batches - 1)
             st.batches[job.batch_id] = job
             # Queued under the lock, so that end_agent_phase sees every agent job it must stop.
             st.batch_pools[self.role].submit(job.run)

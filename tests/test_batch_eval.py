@@ -250,6 +250,23 @@ def test_pending_batch_limit_is_per_endpoint_and_resource_exhausted_until_the_qu
     assert wait_for_batch(ev.agent, again.batch_id).state == pb.BATCH_STATE_DONE
 
 
+def test_many_small_agent_batches_do_not_grow_the_evaluators_memory_without_bound(make_evaluator):
+    # issue 10 (evaluator report): every finished batch was kept, so an agent submitting many small
+    # batches grew the evaluator without limit. The oldest finished agent batches are forgotten.
+    ev = make_evaluator(limits=Limits(max_finished_batches=3))
+    official = ev.harness.submit_batch_eval(FALLING, num_episodes=1)  # the harness's: never dropped
+    wait_for_batch(ev.harness, official.batch_id)
+    ids = []
+    for i in range(8):
+        ids.append(ev.agent.submit_batch_eval(FALLING, num_episodes=1, seed=i).batch_id)
+        wait_for_batch(ev.agent, ids[-1])
+    agent_kept = [b for b, job in ev.state.batches.items() if job.owner == "agent"]
+    assert agent_kept == ids[-3:]
+    assert code_of(ev.agent.get_batch_eval_status, ids[0]) == grpc.StatusCode.NOT_FOUND
+    assert ev.harness.get_batch_eval_status(official.batch_id).state == pb.BATCH_STATE_DONE
+    assert ev.agent.get_batch_eval_status(ids[-1]).state == pb.BATCH_STATE_DONE
+
+
 def test_each_endpoint_queues_four_batches_and_runs_them_one_at_a_time(evaluator):
     ev = evaluator
     for client in (ev.agent, ev.harness):
