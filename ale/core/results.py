@@ -131,8 +131,16 @@ def check_result(task: TaskResult) -> None:
             raise ResultInconsistency(f"{task.task}: safety metric {s.name} does not match the episodes")
 
 
+MAX_TASK_RESULTS_BYTES = 32 * 1024 * 1024
+
+
 def parse_task_results(raw: bytes) -> TaskResults:
-    results = loads(raw, TaskResults, what="task_results.json", max_bytes=32 * 1024 * 1024)
+    """Parse and check ``task_results.json`` (ParseError, ResultInconsistency)."""
+    return check_task_results(loads(raw, TaskResults, what="task_results.json", max_bytes=MAX_TASK_RESULTS_BYTES))
+
+
+def check_task_results(results: TaskResults) -> TaskResults:
+    """Each task once, and each result consistent with its episodes (ResultInconsistency)."""
     seen = set()
     for t in results.tasks:
         if t.task in seen:
