@@ -27,19 +27,6 @@ from ale.core.signing import key_id
 from ale.core.verify import KeyLookup, Report, RunnerKey, VerificationError, check_files, level_for, plain, unpack
 from ale.schemas import validate_document
 
-#: What a passing offline check did prove, in the pipeline's order.
-CHECKED = (
-    "decryption and the age header",
-    "one zstd frame",
-    "the canonical tar layout and the allow-list",
-    "every document: parsed, canonical, schema-valid, no level claims",
-    "the trajectory's hash chain and the nonce bound in its first event",
-    "the integrity root",
-    "the runner signature",
-    "release and task versions",
-    "the recomputed scores",
-)
-
 
 class IdentityError(ValueError):
     pass
@@ -118,6 +105,24 @@ def _task_json(t: Any) -> dict[str, Any]:
     }
 
 
+def passed_checks(report: Report) -> list[str]:
+    """What the offline checks proved of this bundle, in the pipeline's order."""
+    challenge = report.manifest.challenge is not None
+    signed = report.docs.integrity.signature is not None
+    return [
+        "decryption and the age header",
+        "exactly one zstd frame",
+        "the canonical tar layout and the allow-list",
+        "every document parsed, canonical, schema-valid, with no level claims",
+        "the trajectory's hash chain" + (" and the challenge nonce bound in its first event" if challenge else ""),
+        "the integrity root (file digests, Merkle root, chain head)",
+        *(["the runner signature verifies"] if signed else []),
+        *(["the signing key is a registered runner key"] if signed and report.registration_checked else []),
+        "release and task versions, coverage",
+        "the faithfulness verdicts and the recomputed scores",
+    ]
+
+
 def _signature_json(report: Report) -> dict[str, Any] | None:
     signature = report.docs.integrity.signature
     if signature is None:
@@ -154,7 +159,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "aggregate": plain(report.claimed.aggregate),
         "merkle_root": report.root,
         "signature": _signature_json(report),
-        "checks": {"passed": list(CHECKED), "not_checked": list(report.not_checked)},
+        "checks": {"passed": passed_checks(report), "not_checked": list(report.not_checked)},
         "level_if_the_site_accepts_it": {"level": level, "notes": notes},
     }
 
