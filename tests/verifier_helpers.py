@@ -18,7 +18,6 @@ import base64
 import contextlib
 import copy
 import hashlib
-import io
 import json
 import os
 import socket
@@ -463,7 +462,7 @@ def _octal(value: int, width: int) -> bytes:
     return b"%0*o\0" % (width - 1, value)
 
 
-def tar_header(name: bytes, size: int, **fields: bytes) -> bytes:
+def tar_header(name: bytes, size: int, /, **fields: bytes) -> bytes:
     """A ustar header written from POSIX's table (an implementation independent of
     ale.core.bundle): the documented canonical layout unless ``fields`` override a field's bytes
     (``mode=b"0004755\\0"``, ``magic=b"ustar "``, ...); the checksum is computed last unless given."""
@@ -482,7 +481,7 @@ def tar_header(name: bytes, size: int, **fields: bytes) -> bytes:
     return header
 
 
-def tar_entry(name: str, data: bytes = b"", **fields: bytes) -> bytes:
+def tar_entry(name: str, data: bytes = b"", /, **fields: bytes) -> bytes:
     """One member: its header and its data padded with zeros to 512 bytes."""
     return tar_header(name.encode(), len(data), **fields) + data + bytes(-len(data) % 512)
 

@@ -214,16 +214,19 @@ def zstd_frame_end(data: bytes) -> int:
     from its block headers without decompressing: so a cut frame and bytes after it are told
     apart from corrupt content, and what follows the frame is never read as more of it."""
     pos, checksum = _frame_header_end(data)
-    while True:
-        _need(data, pos + 3, "block headers")
-        header = int.from_bytes(data[pos : pos + 3], "little")
-        last, kind, size = header & 1, (header >> 1) & 3, header >> 3
+    n = len(data)
+    while True:  # one 3-byte little-endian header a block: last (1 bit), type (2 bits), size (21 bits)
+        if pos + 3 > n:
+            _need(data, pos + 3, "block headers")
+        b0 = data[pos]
+        kind = (b0 >> 1) & 3
         if kind == 3:
             raise BundleError(Reason.BAD_ZSTD, "a zstd block has the reserved block type")
-        pos += 3 + (1 if kind == 1 else size)  # an RLE block holds one byte, repeated size times
-        _need(data, pos, "blocks")
-        if last:
+        # an RLE block (type 1) holds one byte, repeated size times
+        pos += 4 if kind == 1 else 3 + ((b0 >> 3) | (data[pos + 1] << 5) | (data[pos + 2] << 13))
+        if b0 & 1:
             break
+    _need(data, pos, "blocks")
     if checksum:
         pos += 4
         _need(data, pos, "checksum")
