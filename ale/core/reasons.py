@@ -114,13 +114,20 @@ def _info(step: str, uses: frozenset[Use], description: str) -> ReasonInfo:
 
 R = Reason
 REASONS: Mapping[Reason, ReasonInfo] = {
-    R.TOO_LARGE: _info("1 receive", _RQ, "the upload is over the size cap (HTTP 413, while it is read)"),
+    R.TOO_LARGE: _info(
+        "1 receive",
+        _RQ,
+        "the upload (or the `.ale` file checked offline) is over the size cap, default 20 MiB "
+        "(HTTP 413 while it is read)",
+    ),
     R.EMPTY_UPLOAD: _info("1 receive", _Q, "the upload has no bytes (HTTP 400)"),
     R.NOT_AGE: _info("3 decrypt", _R, "not an age file: no `age-encryption.org/v1` line first"),
     R.BAD_AGE_HEADER: _info(
         "3 decrypt", _R, "the age header breaks the age v1 grammar, is over 64 KiB, or has no X25519 stanza"
     ),
-    R.TOO_MANY_STANZAS: _info("3 decrypt", _R, "more X25519 recipient stanzas than the limit (8)"),
+    R.TOO_MANY_STANZAS: _info(
+        "3 decrypt", _R, "more X25519 recipient stanzas than the limit (default 8; other stanza types are not counted)"
+    ),
     R.DECRYPT_FAILED: _info(
         "3 decrypt", _R, "the site's key does not open it, or the payload is cut, altered or followed by more bytes"
     ),
@@ -130,10 +137,10 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.TRUNCATED_ZSTD: _info("4 decompress", _R, "the zstd frame ends before its last block or its checksum"),
     R.ZSTD_TRAILING_DATA: _info("4 decompress", _R, "bytes after the zstd frame (a second frame or anything else)"),
     R.DECOMPRESSED_TOO_LARGE: _info(
-        "4 decompress", _R, "it decompresses beyond the limit (the tar 64 MiB, the trajectory 256 MiB)"
+        "4 decompress", _R, "it decompresses beyond its limit (the tar: default 64 MiB; events.jsonl.zst: 256 MiB)"
     ),
     R.BAD_TAR: _info("5 tar", _R, "not a tar archive: bad header checksum or size field, cut short, or empty"),
-    R.TOO_MANY_FILES: _info("5 tar", _R, "more members than the limit (16)"),
+    R.TOO_MANY_FILES: _info("5 tar", _R, "more members than the limit (default 16)"),
     R.ABSOLUTE_PATH: _info("5 tar", _R, "a member name is an absolute path"),
     R.PATH_TRAVERSAL: _info("5 tar", _R, "a member name has a `..` component or a backslash"),
     R.SYMLINK: _info("5 tar", _R, "a member is a symbolic link"),
@@ -142,7 +149,7 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.DIRECTORY: _info("5 tar", _R, "a member is a directory"),
     R.BAD_MEMBER: _info("5 tar", _R, "a member is not a regular file with a flat UTF-8 name"),
     R.UNSAFE_MODE: _info("5 tar", _R, "a member's mode has the setuid, setgid or sticky bit"),
-    R.FILE_TOO_LARGE: _info("5 tar", _R, "a member is larger than the limit (48 MiB)"),
+    R.FILE_TOO_LARGE: _info("5 tar", _R, "a member is larger than the limit (default 48 MiB)"),
     R.DUPLICATE_MEMBER: _info("5 tar", _R, "two members have the same name"),
     R.TAR_NOT_CANONICAL: _info(
         "5 tar", _R, "the archive is not in the documented layout (header fields, order, extended headers, padding)"
