@@ -98,11 +98,21 @@ class ManifestTask:
         return f"{self.id}@{self.version}"
 
 
+def _declared(_inst: object, attr: attrs.Attribute[dict[str, Scalar]], value: dict[str, Scalar]) -> None:
+    for key in DECLARED_STRINGS:
+        if value.get(key) is not None and not isinstance(value[key], str):
+            raise ValueError(f"declared {key} must be a string or null")
+
+
+#: Members of ``agent.declared`` that are strings (or null) when present; the others are any JSON scalar.
+DECLARED_STRINGS = ("model", "effort")
+
+
 @attrs.frozen
 class Agent:
     name: str
     command: tuple[str, ...]
-    declared: dict[str, Scalar]
+    declared: dict[str, Scalar] = attrs.field(validator=_declared)  # the submitter's word, never scored
 
 
 @attrs.frozen
@@ -129,7 +139,7 @@ class Challenge:
 
 @attrs.frozen
 class TrajectorySummary:
-    schema: str = attrs.field(validator=_is("ale-trajectory-event/v1"))
+    schema: Literal["ale-trajectory-event/v1"]
     events: int = attrs.field(validator=_non_negative)
     chain_head: Digest = attrs.field(validator=_digest)
 

@@ -19,6 +19,8 @@ from ale.core.scoring import Aggregate, TaskScore, aggregate, score_task
 
 TASK_RESULTS_SCHEMA = "ale-task-results/v1"
 SCORES_SCHEMA = "ale-score-breakdown/v1"
+#: Why an episode was aborted ("" when it was not): the evaluator's reasons, as the schema lists them.
+AbortReason = Literal["", "reset_mid_episode", "session_closed", "not_started", "policy_error", "evaluator_error"]
 
 
 def _finite(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
@@ -42,7 +44,7 @@ class Episode:
     terminated: bool
     truncated: bool
     aborted: bool
-    abort_reason: str
+    abort_reason: AbortReason
     headline_value: float = attrs.field(validator=_finite)
 
     @property
