@@ -76,6 +76,7 @@ class Stanza:
 @attrs.frozen
 class AgeHeader:
     stanzas: tuple[Stanza, ...]
+    mac: bytes  # 32 bytes (HMAC-SHA256 over the header; pyrage checks it)
     payload_offset: int  # where the payload (nonce and STREAM chunks) begins
 
     @property
@@ -135,9 +136,10 @@ def parse_age_header(data: bytes) -> AgeHeader:
             stanza, pos = _stanza(data, pos, line)
             stanzas.append(stanza)
         elif line.startswith(b"--- "):
-            if len(_b64_canonical(line[4:], "MAC")) != 32:
+            mac = _b64_canonical(line[4:], "MAC")
+            if len(mac) != 32:
                 raise BundleError(Reason.BAD_AGE_HEADER, "the age header's MAC is not 32 bytes")
-            return AgeHeader(tuple(stanzas), pos)
+            return AgeHeader(tuple(stanzas), mac, pos)
         else:
             raise BundleError(Reason.BAD_AGE_HEADER, "an age header line is neither a stanza nor the MAC line")
 
