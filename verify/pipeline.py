@@ -1,20 +1,24 @@
 """The upload pipeline, in ``architecture.txt``'s order. Each step is a small function; each
-failure a :class:`~ale.core.verify.VerificationError` whose ``reason`` the database stores and the
-API returns. Anything else raised here is our bug (HTTP 500), never the uploader's.
+failure a :class:`~ale.core.reasons.VerificationError` whose :class:`~ale.core.reasons.Reason`
+the database stores and the API returns. Anything else raised here is our bug (HTTP 500), never
+the uploader's. Steps 3 to 12 are ``ale.core``'s, the very functions ``ale inspect`` runs.
 
 1. receive ciphertext (streamed to a temp file by the app, the size cap enforced while reading)
 2. SHA-256 of the ciphertext
-3. decrypt with the site's private key (age header stanzas capped first)
-4. enforce the decompressed-size and file-count limits while decompressing
-5. safe tar inspection (traversal, absolute paths, links, devices, FIFOs refused; nothing is
-   written to disk: members are read into memory)
+3. decrypt with the site's private key (the age header's grammar and X25519 stanzas checked first)
+4. exactly one zstd frame, decompressed within the decompressed-size limit
+5. safe tar inspection (traversal, absolute paths, links, devices, FIFOs, special mode bits
+   refused; nothing is written to disk: members are read into memory), then the canonical
+   layout (exactly ``build_tar``'s bytes, nothing after the end-of-archive blocks)
 6. allow-listed files only, all of them
-7. JSON documents parse and are what they claim to be; no field may claim a verification level
+7. JSON documents: parsed by the one bounded parser, no member claiming a verification level
+   anywhere, canonical, schema-valid, structured into their models
 8. challenge token (server-signed, unexpired, one-time) and the nonce bound in the trajectory
 9. hash chain of the trajectory
 10. integrity root (file digests, Merkle root, chain head) and a registered runner's signature
 11. benchmark and task versions, coverage
-12. recompute the scores from the evaluator results and compare with the claimed ones
+12. the faithfulness verdicts; recompute the scores from the evaluator results and compare with
+    the claimed ones
 13. audit summary
 14. persist metadata (submission row + audit log entry)
 15. delete the plaintext and ciphertext temp files (every path, failures included)
