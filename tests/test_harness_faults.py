@@ -175,8 +175,8 @@ async def test_crashing_agent_leaves_an_honest_not_completed_run(tmp_path: Path)
     report = offline_check(await trio.Path(path).read_bytes(), str(identity))
     (task,) = report.results.tasks
     assert (task.status, task.reason) == ("not_completed", o.reason)
-    assert report.claimed["aggregate"]["macro_mean"] is None
-    assert report.manifest["tasks"][0]["agent"]["exit_status"] == 1
+    assert report.claimed.aggregate.macro_mean is None
+    assert report.manifest.tasks[0].agent.exit_status == 1
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])

@@ -245,7 +245,7 @@ def cmd_runner_key(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ale.runner.inspect import inspect_bundle
 
-    return inspect_bundle(Path(args.bundle), Path(args.identity), as_json=args.json)
+    return inspect_bundle(Path(args.bundle), Path(args.identity), as_json=args.json, runner_keys=args.runner_public_key)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,9 +291,17 @@ def build_parser() -> argparse.ArgumentParser:
     runner_key.add_argument("path", help="where to write the private key (PEM, mode 0600)")
     runner_key.set_defaults(func=cmd_runner_key)
 
-    inspect = sub.add_parser("inspect", help="decrypt a bundle and show what it holds")
+    inspect = sub.add_parser("inspect", help="decrypt a bundle, run the site's checks offline, show what it holds")
     inspect.add_argument("bundle", help="the .ale bundle")
     inspect.add_argument("--identity", required=True, help="age identity file (AGE-SECRET-KEY-1...)")
+    inspect.add_argument(
+        "--runner-public-key",
+        action="append",
+        default=[],
+        metavar="BASE64",
+        help="a registered runner's public key (as `ale runner-key` prints it; repeatable): a signature must "
+        "name one of them. Without any, a signature is verified but its registration is not checked",
+    )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(func=cmd_inspect)
     return parser
