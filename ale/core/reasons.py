@@ -81,6 +81,7 @@ class Reason(enum.StrEnum):
     FORBIDDEN = "forbidden"
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     CONFLICT = "conflict"
     RATE_LIMITED = "rate_limited"
     NOT_CONFIGURED = "not_configured"
@@ -199,6 +200,9 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.FORBIDDEN: _info("API", _Q, "the operation is for the site's operators (HTTP 403)"),
     R.NOT_FOUND: _info("API", _Q, "no such submission, key or route (HTTP 404)"),
     R.METHOD_NOT_ALLOWED: _info("API", _Q, "the route does not take this method (HTTP 405)"),
+    R.UNSUPPORTED_MEDIA_TYPE: _info(
+        "API", _Q, "a body declared as another media type than the endpoint reads (HTTP 415)"
+    ),
     R.CONFLICT: _info("API", _Q, "the state change is not allowed from the current state (HTTP 409)"),
     R.RATE_LIMITED: _info("API", _Q, "over the per-user hourly limit (HTTP 429)"),
     R.NOT_CONFIGURED: _info("API", _Q, "GitHub login is not configured on this site (HTTP 404)"),
