@@ -173,6 +173,12 @@ def test_sigint_also_stops_serve_cleanly(sock_dir):
         ),
         pytest.param(json.dumps({"run_id": "bad id!", "secret": SECRET.hex()}).encode(), "run_id", id="bad-run-id"),
         pytest.param(json.dumps({"run_id": "r", "secret": SECRET.hex(), "x": 1}).encode(), "exactly", id="extra-key"),
+        pytest.param(b'{"run_id":' * 50 + b"1" + b"}" * 50, "depth limit", id="deep"),
+        pytest.param(
+            b'{"run_id": "r", "secret": "' + SECRET.hex().encode() + b'", "secret": "' + SECRET.hex().encode() + b'"}',
+            "not valid JSON",
+            id="duplicate-secret-key-not-echoed",
+        ),
     ],
 )
 def test_a_bad_run_config_exits_2_without_echoing_the_secret(sock_dir, config, message):
