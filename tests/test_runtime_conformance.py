@@ -28,6 +28,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from sandbox_tools import missing
 
 from ale import catalog
 from ale.client import AleEnvClient
@@ -73,7 +74,7 @@ def runtime(request: pytest.FixtureRequest) -> Runtime:
     backend: Backend = request.param
     reason = backend.unavailable()
     if reason is not None:
-        pytest.skip(f"{backend.id}: {reason}")
+        missing(f"{backend.id}: {reason}")  # skips on a developer's machine, fails in CI
     return backend.make()
 
 

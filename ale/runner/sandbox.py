@@ -4,7 +4,8 @@ Building the argv is pure; running it is :mod:`ale.runner.local`'s job. The sand
 network namespace access (a fresh, empty network namespace: loopback only), its own PID, IPC
 and UTS namespaces, a private size-limited /tmp, its workspace, the read-only task files, the
 evaluator's agent socket, and the read-only Python installation that carries ``ale.client``;
-nothing else of the host. As root it drops to an unprivileged uid (``setpriv``) with no
+nothing else of the host. Its command runs under a seccomp filter (:mod:`ale.runner.seccomp`).
+As root it drops to an unprivileged uid (``setpriv``) with no
 capabilities and ``no_new_privs``, so the process-count limit is enforced by the kernel.
 """
 
@@ -71,8 +72,15 @@ def sandbox_path() -> str:
     return f"{Path(sys.prefix) / 'bin'}:/usr/bin:/bin"
 
 
-def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None = None) -> list[str]:
-    """The full command line: prlimit, bwrap with its mounts, setpriv (as root), the command."""
+def bwrap_argv(
+    spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None = None, seccomp_fd: int | None = None
+) -> list[str]:
+    """The full command line: prlimit, bwrap with its mounts, setpriv (as root), the command.
+
+    ``seccomp_fd`` is a descriptor the caller passes to the child holding the system-call filter
+    (:mod:`ale.runner.seccomp`); bwrap installs it on the sandbox's command, so that it and
+    everything it starts (the agent, its tools, the policy) runs under it.
+    """
     as_root = os.geteuid() == 0 if as_root is None else as_root
     lim = spec.limits
     # timeout(1) sits between the harness and bwrap: bwrap's --die-with-parent then follows a process
@@ -135,6 +143,8 @@ def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None 
         "--bind" if spec.workspace_writable else "--ro-bind", str(spec.workspace), WORKSPACE_PATH,
         "--chdir", WORKSPACE_PATH,
     ]  # fmt: skip
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     for key, value in sorted(spec.env.items()):
         argv += ["--setenv", key, value]
     argv.append("--")
