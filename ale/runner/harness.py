@@ -444,7 +444,8 @@ class Harness:
         rec.emit("trusted_harness", "task_started", {"task": s.ref, "digest": task.digest, "mode": s.mode})
         try:
             with collapse():
-                await self._task_body(task, spec, rec, task_dir, workspace, outcome)
+                async with self.runtime.open_workspace(workspace, self.options.limits):
+                    await self._task_body(task, spec, rec, task_dir, workspace, outcome)
         except (EvaluatorStartError, SandboxError, OSError) as exc:
             raise RunError(f"{s.id}: {exc}") from None
         rec.emit(

@@ -11,7 +11,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -308,6 +308,9 @@ class LocalRuntime:
             if process.returncode is None:
                 await _terminate(process, group=False)
 
+    def open_workspace(self, workspace: Path, limits: sandbox.Limits) -> AbstractAsyncContextManager[None]:
+        return self.isolation.open_workspace(workspace, limits)
+
     async def run_sandboxed(
         self,
         spec: sandbox.SandboxSpec,
@@ -315,11 +318,21 @@ class LocalRuntime:
         *,
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
+        async with self.isolation.open_sandbox(spec) as resources:
+            return await self._supervise(spec, sink, should_stop, resources)
+
+    async def _supervise(
+        self,
+        spec: sandbox.SandboxSpec,
+        sink: LineSink,
+        should_stop: Callable[[], Awaitable[str]] | None,
+        resources: isolation.SandboxResources,
+    ) -> SandboxResult:
         read_fd, write_fd = os.pipe()
         spec = attrs.evolve(spec, env={**spec.env, "ALE_EVENT_FD": str(write_fd)})
         flt = self.isolation.filter
         seccomp_fd = seccomp.program_fd(flt) if flt is not None else None
-        argv = sandbox.bwrap_argv(spec, seccomp_fd=seccomp_fd)
+        argv = sandbox.bwrap_argv(spec, seccomp_fd=seccomp_fd, **resources.argv_kwargs())
         started = time.monotonic()
         try:
             process = await trio.lowlevel.open_process(
