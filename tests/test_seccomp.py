@@ -203,6 +203,17 @@ def test_clone3_looks_absent_so_libc_falls_back(flt: seccomp.Filter, native: int
     assert verdict(flt, native, "clone3", 0, 88) == RET_ENOSYS
 
 
+def test_system_calls_newer_than_the_profile_look_absent(flt: seccomp.Filter, native: int) -> None:
+    """A newer libc probing a call this filter has never heard of falls back (ENOSYS), as on an
+    older kernel; calls the allowlist names stay allowed whatever their number."""
+    for nr in (454, 462, 470, 599):  # futex_wake, mseal, and calls not yet made
+        assert run_bpf(flt.program, nr, native) == RET_ENOSYS, nr
+    assert run_bpf(flt.program, 600, native) == RET_EPERM
+    if int(seccomp._load().seccomp_syscall_resolve_name(b"fchmodat2")) == 452:
+        assert run_bpf(flt.program, 452, native) == RET_ALLOW  # in the allowlist
+    assert verdict(flt, native, "futex_waitv") == RET_ALLOW
+
+
 def test_personality_only_the_profiles_values(flt: seccomp.Filter, native: int) -> None:
     for value in seccomp.PERSONALITIES:
         assert verdict(flt, native, "personality", value) == RET_ALLOW

@@ -5,7 +5,8 @@ it applies to a container without capabilities: an allowlist, everything else re
 ``EPERM`` (its ``defaultErrnoRet: 1``), ``clone`` only without namespace flags (mask
 ``0x7E020000``), ``clone3`` refused with ``ENOSYS`` (its arguments sit in memory, which seccomp
 cannot read, so libc falls back to ``clone``), ``personality`` only with the profile's five
-values. Where this filter is stricter than that profile (docs/agent-contract.md, "System
+values, and system calls newer than the profile ``ENOSYS`` (as runc applies it), so that a newer
+libc falls back as on an older kernel. Where this filter is stricter than that profile (docs/agent-contract.md, "System
 calls"):
 
 * ``socket`` only for ``AF_UNIX`` (any type) and ``AF_INET``/``AF_INET6`` with type
@@ -135,6 +136,11 @@ SOCKETS: tuple[tuple[int, tuple[int, ...] | None], ...] = (
 )
 #: Refusals that are not EPERM: clone3 must look absent so that libc falls back to clone.
 ENOSYS_CALLS = ("clone3",)
+#: System-call numbers newer than any call the profile names (it ends with Linux 5.16's 450;
+#: from 424 on, every architecture numbers new calls alike) that the allowlist does not name
+#: answer ENOSYS, as runc applies Docker's profile: a newer libc probing one falls back, as it
+#: does on an older kernel, instead of failing on EPERM.
+NEWER_CALLS = range(451, 600)
 
 # libseccomp's ABI (seccomp.h, stable since libseccomp.so.2).
 _ACT_ALLOW = 0x7FFF0000
@@ -214,6 +220,7 @@ class _Builder:
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.lib = lib
         self.ctx = lib.seccomp_init(act_errno(errno.EPERM))
+        self.used: set[int] = set()
         if not self.ctx:
             raise SeccompUnavailable("seccomp_init failed")
 
@@ -224,12 +231,15 @@ class _Builder:
 
     def rule(self, action: int, name: str, *cmps: tuple[int, int, int, int]) -> None:
         nr = self.nr(name)
-        if nr is None:
-            return
+        if nr is not None:
+            self.rule_nr(action, nr, *cmps, name=name)
+
+    def rule_nr(self, action: int, nr: int, *cmps: tuple[int, int, int, int], name: str = "") -> None:
         array = (_ArgCmp * max(len(cmps), 1))(*(_ArgCmp(*c) for c in cmps))
         rc = self.lib.seccomp_rule_add_array(self.ctx, action, nr, len(cmps), array)
         if rc != 0:
-            raise SeccompUnavailable(f"libseccomp refused the rule for {name}: {os.strerror(-rc)}")
+            raise SeccompUnavailable(f"libseccomp refused the rule for {name or nr}: {os.strerror(-rc)}")
+        self.used.add(nr)
 
     def export(self) -> bytes:
         read_fd, write_fd = os.pipe()
@@ -267,6 +277,9 @@ def _rules(b: _Builder) -> None:
         for kind in types:
             b.rule(_ACT_ALLOW, "socket", (0, _CMP_EQ, domain, 0), (1, _CMP_MASKED_EQ, SOCK_TYPE_MASK, kind))
     b.rule(_ACT_ALLOW, "socketpair", (0, _CMP_EQ, socket.AF_UNIX, 0))
+    for nr in NEWER_CALLS:
+        if nr not in b.used:
+            b.rule_nr(act_errno(errno.ENOSYS), nr)
 
 
 @functools.cache
