@@ -304,3 +304,41 @@ def test_cgroup_v1_is_used_when_v2_lacks_the_controllers(tmp_path: Path) -> None
     v2 = cgroups._v2(mounts, own)
     assert isinstance(v2, cgroups.Hierarchy)
     assert v2.parents == {"": unified}
+
+
+CRASHING_HARNESS = r"""
+import os, signal, sys
+from pathlib import Path
+from ale.runner import cgroups, sandbox_fs
+h = cgroups.probe()
+cg = cgroups.create(h, f"ale-{os.getpid()}-0badc0de", cgroups.CgroupLimits(64 << 20, 16, 0.5))
+sandbox_fs.mount_tmpfs(Path(sys.argv[1]), size_bytes=1 << 20, inodes=64, uid=0, mode=0o700)
+print(" ".join(str(d) for d in cg.dirs.values()), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # dies mid-run: no cleanup
+"""
+
+
+def test_what_a_killed_harness_left_is_removed_by_the_next_check(tmp_path: Path) -> None:
+    """A harness killed with SIGKILL cannot remove its cgroups and tmpfs mounts; the next runtime
+    on the machine does (they name the dead process), so they cannot pile up."""
+    import subprocess
+    import sys
+
+    need_bwrap()
+    runtime = _runtime("cgroup", "filesystems")
+    del runtime
+    target = tmp_path / "workspace"
+    target.mkdir()
+    child = subprocess.run(
+        [sys.executable, "-c", CRASHING_HARNESS, str(target)], capture_output=True, text=True, timeout=60
+    )
+    assert child.returncode == -9, child.stderr
+    dirs = [Path(d) for d in child.stdout.split()]
+    assert dirs
+    assert all(d.is_dir() for d in dirs)
+    assert str(target) in Path("/proc/self/mountinfo").read_text()
+    probed = isolation.probe()
+    if probed.uid_claim is not None:
+        probed.uid_claim.release()
+    assert not any(d.exists() for d in dirs)
+    assert str(target) not in Path("/proc/self/mountinfo").read_text()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import signal
 import time
@@ -202,3 +203,24 @@ def create(h: Hierarchy, name: str, limits: CgroupLimits) -> Cgroup:
         cg.destroy(timeout_s=0)
         raise
     return cg
+
+
+def sweep(h: Hierarchy) -> list[Path]:
+    """Remove the cgroups a harness that died without cleaning up left (``ale-<pid>-*`` of a pid
+    that no longer exists), killing anything still inside; returns them."""
+    from ale.runner.sandbox_fs import pid_alive
+
+    swept = []
+    for key, parent in h.parents.items():
+        try:
+            children = list(parent.iterdir())
+        except OSError:
+            continue
+        for child in children:
+            owner = re.fullmatch(r"ale-([0-9]+)-[0-9a-f]+", child.name)
+            if owner is None or not child.is_dir() or pid_alive(int(owner.group(1))):
+                continue
+            Cgroup(hierarchy=h, dirs={key: child}).destroy(timeout_s=2.0)
+            if not child.exists():
+                swept.append(child)
+    return swept

@@ -188,11 +188,14 @@ def probe(bwrap: str = "bwrap") -> Isolation:
     hierarchy = None
     try:
         hierarchy = cgroups.probe()
+        cgroups.sweep(hierarchy)  # what a harness killed mid-run left
     except (cgroups.CgroupUnavailable, OSError) as exc:
         missing["cgroup"] = f"{exc}; memory, processes and CPU are limited per process only (rlimits)"
     why = sandbox_fs.can_mount()
     if why:
         missing["filesystems"] = f"{why}; /tmp is bubblewrap's --size tmpfs, the workspace a watched host folder"
+    else:
+        sandbox_fs.sweep()
     claim = None
     if os.geteuid() != 0:
         missing["uid"] = "not root: every sandbox runs as the invoking user in a user namespace"

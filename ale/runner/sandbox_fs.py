@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 from pathlib import Path
 
 MS_NOSUID, MS_NODEV = 0x2, 0x4
@@ -29,10 +30,16 @@ def inodes_for(size_bytes: int) -> int:
     return max(1024, size_bytes // BYTES_PER_INODE)
 
 
+def source_name(pid: int) -> str:
+    """The mount's source, naming the harness process it belongs to (see :func:`sweep`)."""
+    return f"ale-{pid}"
+
+
 def mount_tmpfs(target: Path, *, size_bytes: int, inodes: int, uid: int, mode: int) -> None:
     """Mount a fresh tmpfs on ``target`` owned by ``uid`` (nosuid, nodev)."""
     data = f"size={size_bytes},nr_inodes={inodes},mode={mode:o},uid={uid},gid={uid}".encode()
-    if _libc.mount(b"tmpfs", str(target).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, data) != 0:
+    source = source_name(os.getpid()).encode()
+    if _libc.mount(source, str(target).encode(), b"tmpfs", MS_NOSUID | MS_NODEV, data) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"cannot mount a tmpfs on {target}: {os.strerror(err)}")
 
@@ -59,3 +66,39 @@ def can_mount() -> str:
     finally:
         probe.rmdir()
     return ""
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep() -> list[str]:
+    """Detach the tmpfs mounts a harness that died without cleaning up left (their source names a
+    process that no longer exists); returns their mount points."""
+    swept = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rest = left.split(), right.split()
+        if len(fields) < 5 or len(rest) < 2 or rest[0] != "tmpfs":
+            continue
+        owner = re.fullmatch(r"ale-([0-9]+)", rest[1])
+        if owner is None or pid_alive(int(owner.group(1))):
+            continue
+        point = _unescape(fields[4])
+        try:
+            unmount(Path(point))
+        except OSError:
+            continue
+        swept.append(point)
+    return swept
