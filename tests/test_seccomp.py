@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sandbox_tools import missing, need_bwrap
+from sandbox_tools import backends, make_runtime, missing, need_bwrap
 
 from ale.runner import sandbox, seccomp
 from ale.runner.local import LocalRuntime
@@ -296,11 +296,12 @@ print("REPORT " + json.dumps(R), flush=True)
 """
 
 
-@pytest.fixture(scope="module")
-def report() -> Iterator[dict[str, Any]]:
-    need_bwrap()
+@pytest.fixture(scope="module", params=backends(), ids=[b.id for b in backends()])
+def report(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """What a probe saw inside a real sandbox of each backend (a runtime conformance check)."""
     import trio
 
+    runtime = make_runtime(request.param, "seccomp")
     folder = Path(tempfile.mkdtemp(prefix="ale-sc-"))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -325,10 +326,6 @@ def report() -> Iterator[dict[str, Any]]:
             env={"HOME": "/workspace", "PATH": sandbox.sandbox_path()},
             wall_time_s=60,
         )
-        runtime = LocalRuntime()
-        runtime.check()
-        if runtime.isolation.filter is None:
-            missing(runtime.isolation.missing["seccomp"])
         lines: list[tuple[str, bytes]] = []
         result = trio.run(lambda: runtime.run_sandboxed(spec, lambda s, line: lines.append((s, line))))
         for stream, line in lines:
