@@ -157,20 +157,26 @@ class Cgroup:
     def destroy(self, timeout_s: float = 5.0) -> None:
         """SIGKILL whatever is still inside, wait for it to go, remove the folders."""
         deadline = time.monotonic() + timeout_s
+        pause = 0.0005  # the last processes are usually exiting already: look again soon, then less often
         while (left := self.pids()) and time.monotonic() < deadline:
             for pid in left:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
         for d in self.dirs.values():
-            for _ in range(100):
+            pause = 0.0005
+            while True:
                 try:
                     d.rmdir()
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
-                    time.sleep(0.01)
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
 
 
 def _write(path: Path, value: str) -> None:
