@@ -40,7 +40,7 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
             f"unknown bundled agent {args.agent!r}; choose from {', '.join(BUNDLED_AGENTS)} or use --agent-cmd"
         )
     python = str(Path(sys.prefix) / "bin" / "python")
-    return AgentSpec(name=f"ale-{args.agent}", command=(python, "-m", module), declared=declared)
+    return AgentSpec(name=f"ale-{args.agent}", command=(python, "-m", module), declared=declared, bundled=True)
 
 
 def _release(args: argparse.Namespace):

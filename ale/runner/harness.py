@@ -61,6 +61,7 @@ class AgentSpec:
     name: str
     command: tuple[str, ...]
     declared: dict[str, Any] = attrs.Factory(dict)  # model, effort tier: submitter-declared
+    bundled: bool = False  # one of ale.agents: the sandbox leaves their source visible
 
 
 @attrs.frozen
@@ -522,6 +523,7 @@ class Harness:
                 env=self._env(task),
                 limits=self.options.limits,
                 wall_time_s=budget_s,
+                sees_bundled_agents=self.options.agent.bundled,
             ),
             _agent_sink(rec),
             should_stop=should_stop,

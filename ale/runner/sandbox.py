@@ -3,8 +3,10 @@
 Building the argv is pure; running it is :mod:`ale.runner.local`'s job. The sandbox gets no
 network namespace access (a fresh, empty network namespace: loopback only), its own PID, IPC
 and UTS namespaces, a private size-limited /tmp, its workspace, the read-only task files, the
-evaluator's agent socket, and the read-only Python installation that carries ``ale.client``;
-nothing else of the host. Its command runs under a seccomp filter (:mod:`ale.runner.seccomp`).
+evaluator's agent socket, and the read-only Python installation that carries ``ale.client``
+with the harness's parts of it (:data:`HARNESS_ONLY_IN_PACKAGE`, the bundled agents unless the
+agent is one, the evaluator and verifier packages) covered by empty folders; nothing else of the
+host. Its command runs under a seccomp filter (:mod:`ale.runner.seccomp`).
 As root it drops to an unprivileged uid (``setpriv``) with no
 capabilities and ``no_new_privs``, so the process-count limit is enforced by the kernel.
 """
@@ -48,6 +50,7 @@ class SandboxSpec:
     env: dict[str, str]
     limits: Limits = Limits()
     wall_time_s: float = 3600.0
+    sees_bundled_agents: bool = False  # the agent is one of ale.agents: their source stays visible
 
 
 class SandboxUnavailable(RuntimeError):
@@ -65,6 +68,32 @@ def _python_roots() -> list[Path]:
     # Fold roots that sit inside another root.
     ordered = sorted(roots, key=lambda p: len(p.parts))
     return [r for i, r in enumerate(ordered) if not any(r.is_relative_to(o) for o in ordered[:i])]
+
+
+#: Parts of the installed ``ale`` package that are the harness's, not the agent's: every release
+#: manifest (the paper targets), every task's paper and definition, the harness itself, and the
+#: bundled agents (reference solutions; visible only to a bundled agent).
+HARNESS_ONLY_IN_PACKAGE = ("releases", "tasks", "runner")
+BUNDLED_AGENTS_IN_PACKAGE = "agents"
+#: The distribution's other packages: the evaluator, the verifier, the site.
+HARNESS_ONLY_PACKAGES = ("ale_evaluator", "ale_verify", "ale_site")
+
+
+def hidden_paths(*, sees_bundled_agents: bool = False) -> list[Path]:
+    """Folders inside the sandbox's read-only Python roots that are covered by an empty one."""
+    import importlib.util
+
+    import ale
+
+    package = Path(ale.__file__).resolve().parent
+    names = HARNESS_ONLY_IN_PACKAGE + (() if sees_bundled_agents else (BUNDLED_AGENTS_IN_PACKAGE,))
+    hidden = [package / name for name in names]
+    for name in HARNESS_ONLY_PACKAGES:
+        spec = importlib.util.find_spec(name)  # finds, does not import
+        if spec is not None and spec.submodule_search_locations:
+            hidden += [Path(p).resolve() for p in spec.submodule_search_locations]
+    roots = _python_roots()
+    return [p for p in hidden if p.is_dir() and any(p.is_relative_to(r) for r in roots)]
 
 
 def _parents(path: Path) -> list[Path]:
@@ -158,6 +187,8 @@ def bwrap_argv(
                 argv += ["--perms", "0755", "--dir", str(parent)]
                 made.add(parent)
         argv += ["--ro-bind", str(root), str(root)]
+    for path in hidden_paths(sees_bundled_agents=spec.sees_bundled_agents):
+        argv += ["--perms", "0555", "--tmpfs", str(path), "--remount-ro", str(path)]
     argv += [
         "--proc", "/proc",
         "--dev", "/dev",
