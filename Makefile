@@ -19,7 +19,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed  ## create .venv and install the project with its dev tools
 
-run: install  ## the main job: `ale run TASK` with the bundled demo agent; prints the bundle's path
+run:  ## the main job: `ale run TASK` with the bundled demo agent; prints the bundle's path
+	@sh scripts/preflight.sh $(PY)
+	@$(MAKE) --no-print-directory install
 	$(BIN)/ale run $(TASK) --out out
 
 demo: install  ## the evaluator alone: serve TASK and drive it with the gym client

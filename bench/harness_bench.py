@@ -8,6 +8,8 @@ Run: .venv/bin/python bench/harness_bench.py [--quick] [--out bench/results/harn
 2. Harness overhead: ``ale run cartpole-balance`` with an agent that writes its policy and exits
    at once; overhead = run wall time - agent phase - official evaluation (both read back from
    the trajectory's harness events). Median of several runs.
+3. Sandbox start and teardown: the local runtime running ``/bin/true`` with all the isolation the
+   machine provides (cgroup, tmpfs /tmp, seccomp, per-run uid), and the cost of its ``check()``.
 """
 
 from __future__ import annotations
@@ -124,6 +126,53 @@ def bench_overhead(runs: int, episodes: int) -> dict:
             "overhead_fraction_of_wall": med["overhead_s"] / med["wall_s"]}  # fmt: skip
 
 
+def _sandbox_folder() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="ale-bench-"))
+    (folder / "ws").mkdir()
+    (folder / "task").mkdir()
+    folder.chmod(0o755)
+    return folder
+
+
+async def _sandbox_starts(n: int) -> dict:
+    """Start and tear down a sandbox running /bin/true n times (cgroup, /tmp, seccomp, bwrap, cleanup)."""
+    import shutil
+    import socket
+
+    from ale.runner.local import LocalRuntime
+    from ale.runner.sandbox import SandboxSpec
+
+    check_started = time.perf_counter()
+    runtime = LocalRuntime()
+    runtime.check()
+    check_s = time.perf_counter() - check_started
+    folder = _sandbox_folder()
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        listener.bind(str(folder / "e.sock"))
+        spec = SandboxSpec(
+            command=("/bin/true",), workspace=folder / "ws", workspace_writable=True, task_dir=folder / "task",
+            evaluator_socket=folder / "e.sock", env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        times = []
+        for _ in range(n):
+            started = time.perf_counter()
+            result = await runtime.run_sandboxed(spec, lambda _s, _l: None)
+            times.append(time.perf_counter() - started)
+            if result.exit_status != 0:
+                raise SystemExit(f"the sandbox did not run /bin/true: {result}")
+    finally:
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return {
+        "runs": n,
+        "check_s": check_s,
+        "start_and_teardown_median_s": statistics.median(times),
+        "start_and_teardown_min_s": min(times),
+        "isolation": runtime.attestation()["isolation"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
@@ -132,6 +181,7 @@ def main() -> None:
     n, rounds, runs = (5_000, 1, 1) if args.quick else (50_000, 3, 3)
     recording = bench_recording(n, rounds)
     overhead = bench_overhead(runs, episodes=5)
+    starts = trio.run(_sandbox_starts, 5 if args.quick else 30)
     print(f"trajectory recording ({n} events, median of {rounds}):")
     print(f"  chained (RFC 8785 + SHA-256 chain + writer thread): {recording['chained_events_per_s']:,.0f} events/s")
     print(f"  plain json.dumps lines (floor):                     {recording['plain_json_events_per_s']:,.0f} events/s")
@@ -142,6 +192,12 @@ def main() -> None:
     share = overhead["overhead_fraction_of_wall"]
     print(f"  wall {m['wall_s']:.2f} s = agent {m['agent_s']:.2f} s + official evaluation {m['official_s']:.2f} s")
     print(f"  + harness overhead {m['overhead_s']:.2f} s ({share:.0%} of wall)")
+    print(f"  ratio overhead/wall: {share:.2f}")
+    in_force = [k for k, v in starts["isolation"].items() if v["in_force"]]
+    print(f"sandbox start + teardown (/bin/true, median of {starts['runs']}; isolation: {', '.join(in_force)}):")
+    med, low = starts["start_and_teardown_median_s"], starts["start_and_teardown_min_s"]
+    print(f"  {med * 1000:.1f} ms (min {low * 1000:.1f} ms)")
+    print(f"  runtime check() (probes, seccomp compile): {starts['check_s'] * 1000:.0f} ms")
     result = {
         "benchmark": "harness",
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -149,6 +205,7 @@ def main() -> None:
         "quick": args.quick,
         "recording": recording,
         "overhead": overhead,
+        "sandbox_start": starts,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -264,22 +264,33 @@ async def test_stdout_flood_is_capped_and_counted() -> None:
     assert run.kinds("trusted_harness")[-1] == "run_finished"
 
 
-async def test_agent_filling_its_workspace_is_stopped_for_disk() -> None:
+async def test_agent_filling_its_workspace_hits_the_limit() -> None:
+    """On a size-limited workspace filesystem (root) the write past the limit fails with ENOSPC;
+    where the runtime cannot mount one, the watchdog stops the agent for disk."""
     limit = 16 * 1024 * 1024
     code = (
-        "import os, time\n"
+        "import errno, os, sys, time\n"
         "chunk = os.urandom(4 * 1024 * 1024)\n"
         "for i in range(64):  # at most 256 MiB, whatever happens\n"
-        "    with open(f'/workspace/fill{i}', 'wb') as fh:\n"
-        "        fh.write(chunk)\n"
+        "    try:\n"
+        "        with open(f'/workspace/fill{i}', 'wb') as fh:\n"
+        "            fh.write(chunk)\n"
+        "    except OSError as exc:\n"
+        "        print('full', errno.errorcode[exc.errno], flush=True)\n"
+        "        sys.exit(0)\n"
         "    time.sleep(0.02)\n"
         "time.sleep(600)\n"
     )
     started = time.monotonic()
-    run = await run_harness(_options(code, agent_time=60, limits=Limits(workspace_bytes=limit)))
+    runtime = LocalRuntime()
+    run = await run_harness(_options(code, agent_time=60, limits=Limits(workspace_bytes=limit)), runtime=runtime)
     o = run.outcome
-    assert o.agent["stopped_for"] == "disk"
-    assert o.agent["exit_status"] is None
+    if runtime.isolation.mounts:
+        assert run.stdout() == ["full ENOSPC"]
+        assert o.agent["exit_status"] == 0
+    else:
+        assert o.agent["stopped_for"] == "disk"
+        assert o.agent["exit_status"] is None
     assert time.monotonic() - started < 20
     assert o.status == "not_completed"
 

@@ -29,6 +29,7 @@ import trio
 
 from ale import catalog
 from ale.runner import harness as harness_module
+from ale.runner import uids
 from ale.runner.harness import AgentSpec, Harness, RunOptions
 from ale.runner.local import LocalRuntime
 from ale.runner.progress import PlainProgress
@@ -429,9 +430,16 @@ def test_run_config_secret_is_not_in_the_trajectory(probe: _Probe) -> None:
 # --- identity and privileges ---------------------------------------------------------------------
 
 
-def test_runs_as_nobody(report: dict[str, Any]) -> None:
-    assert report["ids"] == [SANDBOX_UID] * 4
-    assert report["status"]["Uid"] == [str(SANDBOX_UID)] * 4
+def test_runs_as_the_runs_own_uid(report: dict[str, Any]) -> None:
+    """As root, a uid from the documented per-run range (ale/runner/uids.py), never nobody: nobody
+    owns this machine's reserved blocks, and every run would share its process count."""
+    uid = report["ids"][0]
+    if os.geteuid() == 0:
+        assert uids.FIRST_UID <= uid < uids.FIRST_UID + uids.COUNT
+    else:
+        assert uid == SANDBOX_UID
+    assert report["ids"] == [uid] * 4
+    assert report["status"]["Uid"] == [str(uid)] * 4
     assert report["status"]["Groups"] == []
 
 
@@ -468,7 +476,10 @@ def test_task_folder_is_a_read_only_mount(report: dict[str, Any]) -> None:
 
 def test_nothing_else_of_the_host_is_mounted(report: dict[str, Any]) -> None:
     """Every mount is one the contract names; host folders come in read-only."""
+    from ale.runner import sandbox
+
     roots = set(_python_roots())
+    roots |= {str(p) for p in sandbox.hidden_paths()}  # the harness's parts of them, covered read-only
     writable = {"/", "/tmp", "/workspace", "/ale/evaluator.sock", "/proc"}
     host_read_only = {"/usr", "/task", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"}
     for point, options in report["mounts"].items():

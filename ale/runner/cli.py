@@ -40,7 +40,7 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
             f"unknown bundled agent {args.agent!r}; choose from {', '.join(BUNDLED_AGENTS)} or use --agent-cmd"
         )
     python = str(Path(sys.prefix) / "bin" / "python")
-    return AgentSpec(name=f"ale-{args.agent}", command=(python, "-m", module), declared=declared)
+    return AgentSpec(name=f"ale-{args.agent}", command=(python, "-m", module), declared=declared, bundled=True)
 
 
 def _release(args: argparse.Namespace):
@@ -107,6 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ale.runner.harness import Harness, RunError, RunInterrupted, RunOptions
     from ale.runner.local import LocalRuntime
     from ale.runner.progress import LiveProgress, PlainProgress
+    from ale.runner.runtime import RuntimeUnavailable
 
     manifest, digest, name = _release(args)
     tasks = list(args.tasks)
@@ -176,6 +177,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress.close()
         print(f"ale: run failed, no bundle was written: {exc}", file=sys.stderr)
         return 1
+    except RuntimeUnavailable as exc:
+        progress.close()
+        print(f"ale: error: the agent's sandbox cannot run on this machine: {exc}", file=sys.stderr)
+        return 2
     try:
         progress.phase("run", "bundle", "scoring and encrypting")
         if site_recipient is not None:

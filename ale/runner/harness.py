@@ -62,6 +62,7 @@ class AgentSpec:
     name: str
     command: tuple[str, ...]
     declared: dict[str, Any] = attrs.Factory(dict)  # model, effort tier: submitter-declared
+    bundled: bool = False  # one of ale.agents: the sandbox leaves their source visible
 
 
 @attrs.frozen
@@ -445,7 +446,8 @@ class Harness:
         rec.emit("trusted_harness", "task_started", {"task": s.ref, "digest": task.digest, "mode": s.mode})
         try:
             with collapse():
-                await self._task_body(task, spec, rec, task_dir, workspace, outcome)
+                async with self.runtime.open_workspace(workspace, self.options.limits):
+                    await self._task_body(task, spec, rec, task_dir, workspace, outcome)
         except (EvaluatorStartError, SandboxError, OSError) as exc:
             raise RunError(f"{s.id}: {exc}") from None
         rec.emit(
@@ -522,6 +524,7 @@ class Harness:
                 env=self._env(task),
                 limits=self.options.limits,
                 wall_time_s=budget_s,
+                sees_bundled_agents=self.options.agent.bundled,
             ),
             _agent_sink(rec),
             should_stop=should_stop,

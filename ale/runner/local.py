@@ -11,7 +11,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import trio
 import trio.lowlevel
 
 from ale.core import attestation
-from ale.runner import sandbox
+from ale.runner import isolation, sandbox, seccomp
 from ale.runner._groups import collapse
 from ale.runner.runtime import (
     EvaluatorSpec,
@@ -163,11 +163,26 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _pid_namespace(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
 async def _terminate(process: trio.Process, *, group: bool) -> None:
     """SIGTERM (to the whole tree: a sandboxed agent sits in its own session), then SIGKILL."""
 
     def send(sig: int) -> None:
         targets = _descendants(process.pid) if group else []
+        if group and sig == signal.SIGTERM:
+            # Only the sandbox's own processes: SIGTERM to timeout(1) or the outer bwrap ends the
+            # sandbox's PID namespace at once (SIGKILL), before the agent's handler can run.
+            targets = [pid for pid in targets if _pid_namespace(pid) not in ("", _pid_namespace(os.getpid()))]
+            for pid in reversed(targets):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            return
         for pid in reversed(targets):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
@@ -195,6 +210,7 @@ class LocalRuntime:
 
     def __init__(self) -> None:
         self._sandbox_kind: str | None = None
+        self._isolation: isolation.Isolation | None = None
 
     @property
     def sandbox_kind(self) -> str:
@@ -202,14 +218,25 @@ class LocalRuntime:
             self._sandbox_kind = sandbox.detect()
         return self._sandbox_kind
 
+    @property
+    def isolation(self) -> isolation.Isolation:
+        if self._isolation is None:
+            self._isolation = isolation.probe(self.sandbox_kind)
+        return self._isolation
+
     def check(self) -> None:
         try:
-            _ = self.sandbox_kind
+            _ = self.isolation
         except sandbox.SandboxUnavailable as exc:
             raise RuntimeUnavailable(str(exc)) from None
 
     def attestation(self) -> dict[str, Any]:
-        return {"runtime": "local", "sandbox": self.sandbox_kind, "code": code_digest()}
+        return {
+            "runtime": "local",
+            "sandbox": self.sandbox_kind,
+            "isolation": self.isolation.describe(),
+            "code": code_digest(),
+        }
 
     @asynccontextmanager
     async def open_evaluator(self, spec: EvaluatorSpec) -> AsyncIterator[LocalEvaluator]:
@@ -281,6 +308,9 @@ class LocalRuntime:
             if process.returncode is None:
                 await _terminate(process, group=False)
 
+    def open_workspace(self, workspace: Path, limits: sandbox.Limits) -> AbstractAsyncContextManager[None]:
+        return self.isolation.open_workspace(workspace, limits)
+
     async def run_sandboxed(
         self,
         spec: sandbox.SandboxSpec,
@@ -288,9 +318,21 @@ class LocalRuntime:
         *,
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
+        async with self.isolation.open_sandbox(spec) as resources:
+            return await self._supervise(spec, sink, should_stop, resources)
+
+    async def _supervise(
+        self,
+        spec: sandbox.SandboxSpec,
+        sink: LineSink,
+        should_stop: Callable[[], Awaitable[str]] | None,
+        resources: isolation.SandboxResources,
+    ) -> SandboxResult:
         read_fd, write_fd = os.pipe()
         spec = attrs.evolve(spec, env={**spec.env, "ALE_EVENT_FD": str(write_fd)})
-        argv = sandbox.bwrap_argv(spec)
+        flt = self.isolation.filter
+        seccomp_fd = seccomp.program_fd(flt) if flt is not None else None
+        argv = sandbox.bwrap_argv(spec, seccomp_fd=seccomp_fd, **resources.argv_kwargs())
         started = time.monotonic()
         try:
             process = await trio.lowlevel.open_process(
@@ -298,7 +340,7 @@ class LocalRuntime:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd,) if seccomp_fd is None else (write_fd, seccomp_fd),
                 start_new_session=True,
             )
         except OSError as exc:
@@ -306,6 +348,8 @@ class LocalRuntime:
             raise SandboxError(f"cannot start the sandbox: {exc}") from None
         finally:
             os.close(write_fd)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         splitters = [_LineSplitter("stdout", sink), _LineSplitter("stderr", sink), _LineSplitter("event", sink)]
         stopped_for = ""
         events = trio.lowlevel.FdStream(read_fd)
