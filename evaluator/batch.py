@@ -276,7 +276,9 @@ class BatchJob:
             if not live:
                 continue
             for i, o, r, term, trunc in step(live, np.array(chosen).astype(dtype, copy=False)):
-                index, commit, meter = slots[i]  # type: ignore[misc]
+                slot = slots[i]
+                assert slot is not None  # step answers for live slots only
+                index, commit, meter = slot
                 obs[i] = o
                 meter.record_step(envs[i], r, term, trunc)
                 if meter.done:
