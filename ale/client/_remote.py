@@ -41,40 +41,42 @@ class AleEnvClient:
         )
         self._stub = env_pb2_grpc.AleEnvStub(self.channel)
 
-    def _call(self, method: str, request: Any, reply: type[_Reply]) -> _Reply:
-        """``method``'s answer to ``request``; ``reply`` is the message type its stub decodes."""
+    def _call(self, method: str, request: Any) -> Any:
         try:
-            answer = getattr(self._stub, method)(request, timeout=self.timeout, wait_for_ready=True)
+            return getattr(self._stub, method)(request, timeout=self.timeout, wait_for_ready=True)
         except grpc.RpcError as exc:
             raise AleEnvError(method, exc.code(), exc.details() or "") from None
-        return cast(_Reply, answer)  # the generated stub is untyped; its deserializer is reply.FromString
+
+    def _reply(self, method: str, request: Any, reply: type[_Reply]) -> _Reply:
+        """:meth:`_call`, typed: ``reply`` is the message type the stub decodes ``method``'s answer to."""
+        return cast(_Reply, self._call(method, request))  # the generated stub is untyped
 
     def create_env(self, **kw: Any) -> pb.CreateEnvResponse:
-        return self._call("CreateEnv", pb.CreateEnvRequest(**kw), pb.CreateEnvResponse)
+        return self._reply("CreateEnv", pb.CreateEnvRequest(**kw), pb.CreateEnvResponse)
 
     def get_spec(self, env_id: str = "") -> pb.EnvSpec:
-        return self._call("GetSpec", pb.GetSpecRequest(env_id=env_id), pb.GetSpecResponse).spec
+        return self._reply("GetSpec", pb.GetSpecRequest(env_id=env_id), pb.GetSpecResponse).spec
 
     def reset(self, env_id: str, seed: int | None = None) -> pb.ResetResponse:
         req = pb.ResetRequest(env_id=env_id)
         if seed is not None:
             req.seed = seed
-        return self._call("Reset", req, pb.ResetResponse)
+        return self._reply("Reset", req, pb.ResetResponse)
 
     def step(self, env_id: str, action: np.ndarray) -> pb.StepResponse:
         req = pb.StepRequest(env_id=env_id)
         encode_tensor(action, req.action)
-        return self._call("Step", req, pb.StepResponse)
+        return self._reply("Step", req, pb.StepResponse)
 
     def start_eval_session(self, env_id: str, num_episodes: int = 0) -> pb.StartEvalSessionResponse:
-        return self._call(
+        return self._reply(
             "StartEvalSession",
             pb.StartEvalSessionRequest(env_id=env_id, num_episodes=num_episodes),
             pb.StartEvalSessionResponse,
         )
 
     def get_eval_result(self, session_id: str, *, finalize: bool = False) -> pb.EvalResult:
-        return self._call(
+        return self._reply(
             "GetEvalResult",
             pb.GetEvalResultRequest(session_id=session_id, finalize=finalize),
             pb.GetEvalResultResponse,
@@ -83,7 +85,7 @@ class AleEnvClient:
     def submit_batch_eval(
         self, policy: bytes, *, official: bool = False, num_episodes: int = 0, seed: int = 0
     ) -> pb.SubmitBatchEvalResponse:
-        return self._call(
+        return self._reply(
             "SubmitBatchEval",
             pb.SubmitBatchEvalRequest(policy=policy, official=official, num_episodes=num_episodes, seed=seed),
             pb.SubmitBatchEvalResponse,
@@ -91,7 +93,7 @@ class AleEnvClient:
 
     def get_batch_eval_status(self, batch_id: str, *, wait_ms: int = 0) -> pb.GetBatchEvalStatusResponse:
         """Progress of a batch; with ``wait_ms`` the evaluator answers as soon as it finishes."""
-        return self._call(
+        return self._reply(
             "GetBatchEvalStatus",
             pb.GetBatchEvalStatusRequest(batch_id=batch_id, wait_ms=wait_ms),
             pb.GetBatchEvalStatusResponse,
