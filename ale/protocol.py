@@ -82,7 +82,7 @@ class ProtocolError(ValueError):
     """A message does not follow the protocol; the text says how."""
 
 
-def dtype_enum(dtype: np.dtype) -> int:
+def dtype_enum(dtype: np.dtype) -> pb.DType:
     """The protocol DType for a numpy dtype, or ProtocolError."""
     try:
         return _FROM_KIND[(dtype.kind, dtype.itemsize)]
@@ -104,7 +104,7 @@ def encode_tensor(array: np.ndarray, out: pb.Tensor | None = None) -> pb.Tensor:
     code = dtype_enum(array.dtype)
     wire = _TO_NUMPY[code]
     msg = pb.Tensor() if out is None else out
-    msg.dtype = code  # type: ignore[assignment]
+    msg.dtype = code
     msg.shape[:] = array.shape
     msg.data = np.ascontiguousarray(array, dtype=wire).tobytes()
     return msg

@@ -19,11 +19,13 @@ import logging
 import threading
 from collections.abc import Callable
 from math import isfinite
+from typing import Any
 
 import attrs
 import gymnasium as gym
 import numpy as np
 from ale_evaluator import episodes
+from ale_evaluator._gym import element_shape
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.envs import MIN_BATCHED_COPIES, BatchedCartPole, make_env
 from ale_evaluator.parallel import ParallelMujoco, StepPool, step_each
@@ -40,6 +42,16 @@ LOCKSTEP_SLOTS = 32
 
 #: (live slots, their actions) -> (slot, observation, reward, terminated, truncated) of each live slot.
 Stepper = Callable[[list[int], np.ndarray], list[tuple[int, np.ndarray, float, bool, bool]]]
+
+
+def action_bounds(space: gym.Space[Any]) -> tuple[np.ndarray | None, np.ndarray | None, int, np.dtype[Any]]:
+    """(low, high, start, dtype) of the actions :meth:`Policy.act` gives for ``space``: a Box's
+    float64 bounds and its dtype, or a Discrete's start (its actions are int64)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return None, None, int(space.start), np.dtype(np.int64)
+    if not isinstance(space, gym.spaces.Box):
+        raise TypeError(f"unsupported action space {space}")  # check_policy_fits admits Box and Discrete
+    return space.low.astype(np.float64), space.high.astype(np.float64), 0, space.dtype
 
 
 def check_policy_fits(policy: Policy, task: Task) -> None:
@@ -78,7 +90,7 @@ class BatchJob:
     owner: str
     config: RunConfig
     base_seed: int = 0
-    state: int = pb.BATCH_STATE_PENDING
+    state: pb.BatchState = pb.BATCH_STATE_PENDING
     error: str = ""
     records: list[episodes.EpisodeRecord] = attrs.Factory(list)
     cancel: threading.Event = attrs.Factory(threading.Event)
@@ -90,7 +102,7 @@ class BatchJob:
     env_steps: int = 0  # environment steps of the recorded episodes
     last_progress: float = 0.0  # monotonic time of its last progress event
     # How the job ends, published to ``state`` and ``error`` once ``on_finish`` has run.
-    _outcome: tuple[int, str] = (pb.BATCH_STATE_FAILED, "internal evaluator error during the batch")
+    _outcome: tuple[pb.BatchState, str] = (pb.BATCH_STATE_FAILED, "internal evaluator error during the batch")
     _stop_lock: threading.Lock = attrs.Factory(threading.Lock)
 
     def seed(self, index: int) -> int:
@@ -125,11 +137,11 @@ class BatchJob:
                 self.state, self.error = self._outcome
                 self.finished.set()
 
-    def _end(self, state: int, error: str = "") -> None:
+    def _end(self, state: pb.BatchState, error: str = "") -> None:
         self._outcome = (state, error)
 
     @property
-    def ending(self) -> tuple[int, str]:
+    def ending(self) -> tuple[pb.BatchState, str]:
         """(state, error) the job ends with; what ``on_finish`` reports before it is published."""
         return self._outcome
 
@@ -171,6 +183,7 @@ class BatchJob:
     def _stepper(self, envs: list[gym.Env]) -> Stepper | None:
         """How the copies step side by side: None where they do not (the episodes then run in turn)."""
         space = envs[0].observation_space
+        shape = element_shape(space)
         if BatchedCartPole.fits(envs):
             batched = BatchedCartPole(envs)
 
@@ -180,7 +193,7 @@ class BatchJob:
                     return list(zip(live, o, r.tolist(), term.tolist(), trunc.tolist(), strict=True))
                 # The last episodes: fewer than the slots, each copy stepped on its own.
                 n = len(live)
-                o = np.empty((n, *space.shape), dtype=space.dtype)
+                o = np.empty((n, *shape), dtype=space.dtype)
                 r, term, trunc = np.empty(n, dtype=np.float64), np.empty(n, dtype=bool), np.empty(n, dtype=bool)
                 step_each([envs[i] for i in live], list(actions), o, r, term, trunc, 0, n)
                 return list(zip(live, o, r.tolist(), term.tolist(), trunc.tolist(), strict=True))
@@ -190,7 +203,7 @@ class BatchJob:
             parallel = ParallelMujoco(envs, self.step_pool)
 
             def step_mujoco(live: list[int], actions: np.ndarray) -> list[tuple[int, np.ndarray, float, bool, bool]]:
-                o = np.empty((len(live), *space.shape), dtype=space.dtype)
+                o = np.empty((len(live), *shape), dtype=space.dtype)
                 r, term, trunc = parallel.step(actions, o, live)
                 return list(zip(live, o, r.tolist(), term.tolist(), trunc.tolist(), strict=True))
 
@@ -221,16 +234,12 @@ class BatchJob:
         Episodes finish out of index order; the result is ordered by index. Cancelled, every episode
         in flight is aborted.
         """
-        space = envs[0].action_space
-        discrete = isinstance(space, gym.spaces.Discrete)
-        low = None if discrete else space.low.astype(np.float64)
-        high = None if discrete else space.high.astype(np.float64)
-        start = int(space.start) if discrete else 0
-        dtype = np.dtype(np.int64) if discrete else space.dtype
+        discrete = isinstance(envs[0].action_space, gym.spaces.Discrete)
+        low, high, start, dtype = action_bounds(envs[0].action_space)
         act, cancelled = self.policy.act, self.cancel.is_set
         next_index = 0
         slots: list[tuple[int, bytes, EpisodeMeter] | None] = [None] * len(envs)
-        obs = np.empty((len(envs), *envs[0].observation_space.shape), dtype=envs[0].observation_space.dtype)
+        obs = np.empty((len(envs), *element_shape(envs[0].observation_space)), dtype=envs[0].observation_space.dtype)
 
         def begin(i: int) -> None:
             nonlocal next_index
@@ -267,7 +276,9 @@ class BatchJob:
             if not live:
                 continue
             for i, o, r, term, trunc in step(live, np.array(chosen).astype(dtype, copy=False)):
-                index, commit, meter = slots[i]  # type: ignore[misc]
+                slot = slots[i]
+                assert slot is not None  # step answers for live slots only
+                index, commit, meter = slot
                 obs[i] = o
                 meter.record_step(envs[i], r, term, trunc)
                 if meter.done:
@@ -284,12 +295,8 @@ class BatchJob:
 
     def _episode(self, env: gym.Env, index: int) -> episodes.EpisodeRecord:
         obs, commit, meter = self._begin(env, index)
-        space = env.action_space
-        discrete = isinstance(space, gym.spaces.Discrete)
-        low = None if discrete else space.low.astype(np.float64)
-        high = None if discrete else space.high.astype(np.float64)
-        start = int(space.start) if discrete else 0
-        dtype = space.dtype
+        discrete = isinstance(env.action_space, gym.spaces.Discrete)
+        low, high, start, dtype = action_bounds(env.action_space)
         # Looked up once per episode: this loop runs once per environment step.
         act, step, record, cancelled = self.policy.act, env.step, meter.record_step, self.cancel.is_set
         while not meter.done:

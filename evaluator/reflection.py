@@ -58,7 +58,8 @@ def enable_server_reflection(service_names: Iterable[str], server: grpc.Server) 
     servicer = reflection.ReflectionServicer(names)
 
     def info(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
-        return servicer.ServerReflectionInfo(requests, context)
+        replies: Iterator[Any] = servicer.ServerReflectionInfo(requests, context)
+        return replies
 
     handler = grpc.stream_stream_rpc_method_handler(
         info,

@@ -171,7 +171,7 @@ class EvaluatorState:
             encode_space(env.observation_space, spec.observation_space)
             encode_space(env.action_space, spec.action_space)
             spec.num_envs = group.num_envs
-            spec.autoreset_mode = group.autoreset  # type: ignore[assignment]
+            spec.autoreset_mode = group.autoreset
             spec.max_episode_steps = env.spec.max_episode_steps or 0 if env.spec else 0
             spec.official = group.official
         else:
@@ -561,7 +561,7 @@ class AleEnvServicer:
         if req.wait_ms and not job.finished.is_set():
             self.long_polls.wait(job.finished, req.wait_ms / 1000)
         reply = pb.GetBatchEvalStatusResponse(
-            state=job.state,  # type: ignore[arg-type]
+            state=job.state,
             episodes_done=len(job.records),
             num_episodes=job.num_episodes,
             error=job.error,
@@ -641,7 +641,9 @@ def generic_handler(servicer: AleEnvServicer) -> grpc.GenericRpcHandler:
                     code, message = grpc.StatusCode.INTERNAL, "internal evaluator error: see the evaluator log"
             if code is not grpc.StatusCode.OK or reply is None:
                 context.abort(code, message)
-            return reply.SerializeToString()
+            assert reply is not None  # context.abort raised otherwise
+            serialized: bytes = reply.SerializeToString()
+            return serialized
 
         return grpc.unary_unary_rpc_method_handler(handler)
 

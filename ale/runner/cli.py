@@ -8,11 +8,15 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from ale import __version__, catalog
 from ale.runner.harness import AgentSpec
+
+if TYPE_CHECKING:
+    from ale.core.release import ReleaseManifest
 
 BUNDLED_AGENTS = {
     "demo": "ale.agents.demo",
@@ -43,7 +47,7 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
     return AgentSpec(name=f"ale-{args.agent}", command=(python, "-m", module), declared=declared, bundled=True)
 
 
-def _release(args: argparse.Namespace):
+def _release(args: argparse.Namespace) -> tuple[ReleaseManifest, str, str]:
     from ale.core.parse import ParseError
     from ale.core.release import parse_release
 
