@@ -24,6 +24,7 @@ from ale_evaluator.parallel import ParallelMujoco, StepPool, step_each
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
 
 from ale.catalog import Task
+from ale.core.results import AbortReason
 from ale.env.v1 import env_pb2 as pb
 
 
@@ -306,7 +307,7 @@ class EvalSession:
             value, success = meter.outcome(self.group.envs[0])
             self.records[index] = episodes.finished(index, self._commitment(index), meter, value, success)
 
-    def _abort(self, index: int, reason: str) -> None:
+    def _abort(self, index: int, reason: AbortReason) -> None:
         meter = self.group.meters[0] if index == self.started - 1 else None
         self.records[index] = episodes.aborted(index, self._commitment(index), self.group.domain, reason, meter)
 

@@ -194,6 +194,12 @@ def make_summary(
         "runtime": {
             "runtime": "local",
             "sandbox": "bwrap",
+            "isolation": {
+                "seccomp": {"in_force": False, "reason": "fixture: not attested", "details": None},
+                "cgroup": {"in_force": True, "reason": None, "details": {"version": 2, "parents": {"unified": "/x"}}},
+                "uid": {"in_force": True, "reason": None, "details": {"range": [1879048192, 1879113727]}},
+                "filesystems": {"in_force": False, "reason": "fixture: not attested", "details": None},
+            },
             "code": {
                 "kind": "local-install",
                 "note": "digest of the installed Python code and dependency versions, not of an OCI image",

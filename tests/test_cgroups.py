@@ -273,10 +273,14 @@ def test_check_reports_each_facility() -> None:
     assert set(described) == {"seccomp", "cgroup", "uid", "filesystems"}
     for name, entry in described.items():
         assert entry["in_force"] is (name not in runtime.isolation.missing)
-        if not entry["in_force"]:
+        if entry["in_force"]:
+            assert entry["reason"] is None
+            assert entry["details"]
+        else:
             assert entry["reason"]
+            assert entry["details"] is None
     if described["cgroup"]["in_force"]:
-        assert described["cgroup"]["version"] in (1, 2)
+        assert described["cgroup"]["details"]["version"] in (1, 2)
 
 
 def test_a_machine_without_cgroups_says_so(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -405,7 +405,7 @@ def test_the_runtime_attests_the_filter_and_the_manifest_schema_accepts_it() -> 
     entry = runtime.attestation()["isolation"]["seccomp"]
     if not entry["in_force"]:
         missing(entry["reason"])
-    assert entry["profile"] == "docker-default"
+    assert entry["details"]["profile"] == "docker-default"
     schema = validator("manifest").schema
     runtime_schema = {**schema["$defs"]["runtime"], "$defs": schema["$defs"]}
     import jsonschema
@@ -427,4 +427,5 @@ def test_a_machine_without_libseccomp_says_so(monkeypatch: pytest.MonkeyPatch) -
     assert probed.describe()["seccomp"] == {
         "in_force": False,
         "reason": "libseccomp is not installed (apt-get install libseccomp2): test",
+        "details": None,
     }

@@ -53,7 +53,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     config.errorlog = "-"
     app = create_app(settings)
     print(json.dumps({"event": "ready", "bind": args.bind, "version": __version__}), flush=True)
-    asyncio.run(serve(app, config))  # type: ignore[arg-type]
+    asyncio.run(serve(app, config))
     return 0
 
 

@@ -273,7 +273,7 @@ def create_challenge(path: Path, user_id: str, ttl_s: int) -> dict[str, Any]:
         "expires_at": now + ttl_s,
     }
     with connect(path) as db:
-        db["challenges"].insert(challenge)
+        db.table("challenges").insert(challenge)
     return challenge
 
 
@@ -304,10 +304,10 @@ def insert_submission(path: Path, row: dict[str, Any], audit: dict[str, Any]) ->
     with connect(path) as db:
         db.execute("BEGIN IMMEDIATE")
         try:
-            db["submissions"].insert(
+            db.table("submissions").insert(
                 {**row, "reasons": json.dumps(row["reasons"]), "summary": json.dumps(row["summary"], sort_keys=True)}
             )
-            db["audit_log"].insert({**audit, "submission_id": row["id"]})
+            db.table("audit_log").insert({**audit, "submission_id": row["id"]})
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -366,7 +366,7 @@ def change_level(
             if status != "accepted" or level not in allowed_from:
                 raise Conflict(f"a {status} submission at level {level} cannot be moved to {to_level}")
             db.execute("UPDATE submissions SET level = ? WHERE id = ?", [to_level, submission_id])
-            db["audit_log"].insert(
+            db.table("audit_log").insert(
                 {
                     "submission_id": submission_id,
                     "at": time.time(),
@@ -392,7 +392,7 @@ def change_level(
 def register_runner_key(path: Path, *, key_id: str, public_key: str, kind: str, label: str, actor: str) -> None:
     with connect(path) as db:
         try:
-            db["runner_keys"].insert(
+            db.table("runner_keys").insert(
                 {
                     "key_id": key_id,
                     "public_key": public_key,

@@ -76,7 +76,7 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-AUTH = [{"bearer": []}]
+AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 #: Path identifiers; any other value is a 404 (verify/_web.py PATH_ID).
 ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "maxLength": 64}
 ID_PARAM = {"name": "submission_id", "in": "path", "required": True, "schema": ID_SCHEMA}

@@ -125,9 +125,79 @@ class CodeAttestation:
 
 
 @attrs.frozen
+class SeccompDetails:
+    profile: str
+    source: str
+    arch: str
+    libseccomp: str
+    program_sha256: Digest = attrs.field(validator=_digest)
+
+
+@attrs.frozen
+class CgroupDetails:
+    version: Literal[1, 2]
+    parents: dict[str, str]
+
+
+@attrs.frozen
+class UidDetails:
+    range: tuple[int, int]
+
+
+@attrs.frozen
+class FilesystemDetails:
+    kind: Literal["tmpfs"]
+    bytes_per_inode: int = attrs.field(validator=_non_negative)
+
+
+def _facility_consistent(inst: Any, _a: object, details: object) -> None:
+    if inst.in_force != (details is not None) or inst.in_force != (inst.reason is None):
+        raise ValueError("a facility in force has details and no reason; a missing one a reason and no details")
+
+
+@attrs.frozen
+class SeccompFacility:
+    in_force: bool
+    reason: str | None
+    details: SeccompDetails | None = attrs.field(validator=_facility_consistent)
+
+
+@attrs.frozen
+class CgroupFacility:
+    in_force: bool
+    reason: str | None
+    details: CgroupDetails | None = attrs.field(validator=_facility_consistent)
+
+
+@attrs.frozen
+class UidFacility:
+    in_force: bool
+    reason: str | None
+    details: UidDetails | None = attrs.field(validator=_facility_consistent)
+
+
+@attrs.frozen
+class FilesystemFacility:
+    in_force: bool
+    reason: str | None
+    details: FilesystemDetails | None = attrs.field(validator=_facility_consistent)
+
+
+@attrs.frozen
+class Isolation:
+    """What of the sandbox's isolation this machine provided (``docs/agent-contract.md``)."""
+
+    seccomp: SeccompFacility
+    cgroup: CgroupFacility
+    uid: UidFacility
+    filesystems: FilesystemFacility
+
+
+@attrs.frozen
 class Runtime:
     runtime: Literal["local"]
     sandbox: Literal["bwrap"]
+    isolation: Isolation
     code: CodeAttestation
 
 

@@ -58,7 +58,7 @@ class Hierarchy:
     parents: dict[str, Path]  # controller -> this process's cgroup folder ("" for v2)
 
     def describe(self) -> dict[str, object]:
-        return {"version": self.version, "parents": {k or "unified": str(v) for k, v in self.parents.items()}}
+        return {"version": self.version, "parents": {k or "unified": str(v) for k, v in sorted(self.parents.items())}}
 
 
 def _v2(mounts: list[tuple[str, str, set[str]]], own: dict[str, str]) -> Hierarchy | str:

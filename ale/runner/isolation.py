@@ -65,8 +65,8 @@ class Isolation:
     def describe(self) -> dict[str, Any]:
         def entry(name: str, details: dict[str, Any] | None) -> dict[str, Any]:
             if details is None:
-                return {"in_force": False, "reason": self.missing[name]}
-            return {"in_force": True, **details}
+                return {"in_force": False, "reason": self.missing[name], "details": None}
+            return {"in_force": True, "reason": None, "details": details}
 
         return {
             "seccomp": entry("seccomp", self.filter.describe() if self.filter is not None else None),

@@ -23,6 +23,7 @@ import trio.lowlevel
 from ale.core import attestation
 from ale.runner import isolation, sandbox, seccomp
 from ale.runner._groups import collapse
+from ale.runner.isolation import SandboxResources
 from ale.runner.runtime import (
     EvaluatorSpec,
     EvaluatorStartError,
@@ -47,6 +48,7 @@ def code_digest() -> dict[str, Any]:
 
     def files() -> Iterator[tuple[str, bytes]]:
         for package in (ale, ale_evaluator):
+            assert package.__file__ is not None  # both are regular packages
             root = Path(package.__file__).resolve().parent
             for path in sorted(root.rglob("*")):
                 if (
@@ -76,7 +78,7 @@ class _LineSplitter:
     buf: bytearray = attrs.Factory(bytearray)
     dropped: int = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         self.buf += data
         while True:
             cut = self.buf.find(b"\n")
@@ -326,7 +328,7 @@ class LocalRuntime:
         spec: sandbox.SandboxSpec,
         sink: LineSink,
         should_stop: Callable[[], Awaitable[str]] | None,
-        resources: isolation.SandboxResources,
+        resources: SandboxResources,
     ) -> SandboxResult:
         read_fd, write_fd = os.pipe()
         spec = attrs.evolve(spec, env={**spec.env, "ALE_EVENT_FD": str(write_fd)})
