@@ -277,9 +277,10 @@ class GrammarState:
         if rule.then is not None:
             self.phase = rule.then
 
-    def finish(self, lines: int) -> GrammarFault | None:
-        """The end of a bundle's trajectory: its last event must be run_finished."""
-        if self.phase == FINISHED:
+    def finish(self, lines: int, *, incomplete: bool = False) -> GrammarFault | None:
+        """The end of a bundle's trajectory: its last event must be run_finished (``incomplete``: or
+        run_failed or run_interrupted, as in a kept ``.incomplete.jsonl``)."""
+        if self.phase == FINISHED or (incomplete and self.phase == STOPPED):
             return None
         if self.phase == STOPPED:
             message = "the trajectory ends with run_failed or run_interrupted: the run did not finish"
@@ -317,11 +318,11 @@ def _clip(value: Any, limit: int = 80) -> Any:
     return value
 
 
-def replay(tokens: Iterable[tuple[int, int, Any]], lines: int) -> GrammarFault | None:
+def replay(tokens: Iterable[tuple[int, int, Any]], lines: int, *, incomplete: bool = False) -> GrammarFault | None:
     """The verdict on a whole trajectory from its (line, code, key) tokens in order."""
     state = GrammarState()
     for line, code, key in tokens:
         fault = state.feed(line, code, key)
         if fault is not None:
             return fault
-    return state.finish(lines)
+    return state.finish(lines, incomplete=incomplete)

@@ -635,11 +635,13 @@ class _Linker:
                 faults.append((line + offset, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards"))
         return faults
 
-    def summary(self, *, expected_nonce: str | None, check_nonce: bool, check_grammar: bool) -> ChainSummary:
+    def summary(
+        self, *, expected_nonce: str | None, check_nonce: bool, check_grammar: bool, incomplete: bool
+    ) -> ChainSummary:
         if self.total == 0:
             raise ChainError("empty", 0, "the trajectory has no events")
         if check_grammar:
-            fault = grammar.replay(self.tokens, self.total)
+            fault = grammar.replay(self.tokens, self.total, incomplete=incomplete)
             if fault is not None:
                 raise ChainError(fault.reason, fault.line, fault.message)
         started = self.run_started or {}
@@ -659,19 +661,31 @@ def link_chunks(
     expected_nonce: str | None = None,
     check_nonce: bool = False,
     check_grammar: bool = True,
+    incomplete: bool = False,
 ) -> ChainSummary:
     """Phase two: the checks that cross chunk borders, the grammar, the nonce, then the summary.
     Reports in stream order. ``check_grammar=False`` checks the chain only (a test vector, a
-    stream that is not a whole run)."""
+    stream that is not a whole run); ``incomplete=True`` accepts a run that ends with run_failed
+    or run_interrupted (a kept ``.incomplete.jsonl``; a bundle's trajectory ends with run_finished)."""
     linker = _Linker()
     for report in reports:
         linker.add(report)
-    return linker.summary(expected_nonce=expected_nonce, check_nonce=check_nonce, check_grammar=check_grammar)
+    return linker.summary(
+        expected_nonce=expected_nonce, check_nonce=check_nonce, check_grammar=check_grammar, incomplete=incomplete
+    )
 
 
 def verify_chain(
-    stream: bytes, *, expected_nonce: str | None = None, check_nonce: bool = False, check_grammar: bool = True
+    stream: bytes,
+    *,
+    expected_nonce: str | None = None,
+    check_nonce: bool = False,
+    check_grammar: bool = True,
+    incomplete: bool = False,
 ) -> ChainSummary:
     """Check every line, link and counter of a stream, and its grammar; return its summary or raise ChainError."""
     reports = [check_chunk(chunk, line) for chunk, line in split_chunks(stream, 1)]
-    return link_chunks(reports, expected_nonce=expected_nonce, check_nonce=check_nonce, check_grammar=check_grammar)
+    return link_chunks(
+        reports, expected_nonce=expected_nonce, check_nonce=check_nonce, check_grammar=check_grammar,
+        incomplete=incomplete,
+    )  # fmt: skip
