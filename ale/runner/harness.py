@@ -197,6 +197,7 @@ class EvaluatorTail:
         self.skipping = 0  # bytes of an over-long line being skipped (0: none)
         self.agent_env_steps = 0
         self.last_monotonic = 0.0
+        self._lock = trio.Lock()  # one poll at a time (the background loop, the watchdog, a drain)
 
     def _read(self) -> bytes:
         try:
@@ -208,11 +209,21 @@ class EvaluatorTail:
         self.offset += len(data)
         return data
 
-    async def poll(self) -> None:
-        """Record every complete line written since the last poll."""
-        while data := await trio.to_thread.run_sync(self._read):
-            for line in self._lines(data):
-                self._record(line)
+    async def poll(self, reads: int | None = 4) -> None:
+        """Record the complete lines written since the last poll: at most ``reads`` times
+        MAX_EVALUATOR_LINE bytes of them (so that a flood cannot hold the caller), or all (None)."""
+        async with self._lock:
+            while reads is None or reads > 0:
+                data = await trio.to_thread.run_sync(self._read)
+                if not data:
+                    return
+                for line in self._lines(data):
+                    self._record(line)
+                reads = None if reads is None else reads - 1
+
+    async def drain(self) -> None:
+        """Record every line the evaluator has written (once the agent's processes are gone)."""
+        await self.poll(None)
 
     def _lines(self, data: bytes) -> list[bytes]:
         """The complete lines in ``data`` (after what was kept of the last read); an over-long
@@ -535,9 +546,8 @@ class Harness:
             self._check_alive(ev, task)
             await self._official_phase(task, ev, tail, task_dir, workspace, rec, outcome)
             self._check_alive(ev, task)
-            await tail.poll()
             nursery.cancel_scope.cancel()
-        await tail.poll()
+        await tail.drain()  # what the evaluator wrote until it stopped
 
     @staticmethod
     def _check_alive(ev: EvaluatorHandle, task: catalog.Task) -> None:
@@ -632,7 +642,7 @@ class Harness:
             raise RunError(f"{s.id}: the evaluator refused the official evaluation: {exc}") from None
         finally:
             client.close()
-        await tail.poll()  # the evaluator's events of the official evaluation come before its end
+        await tail.drain()  # the evaluator's events of the official evaluation come before its end
         if result is None:
             rec.emit("trusted_harness", "official_evaluation_skipped", {"task": s.ref, "reason": outcome.reason})
             return
