@@ -80,7 +80,12 @@ def members(event: dict[str, Any], number: int) -> None:
 
 
 def reference_verify(
-    stream: bytes, *, expected_nonce: str | None = None, check_nonce: bool = False, check_grammar: bool = True
+    stream: bytes,
+    *,
+    expected_nonce: str | None = None,
+    check_nonce: bool = False,
+    check_grammar: bool = True,
+    incomplete: bool = False,
 ) -> ChainSummary:
     if stream and not stream.endswith(b"\n"):
         raise ChainError("truncated", stream.count(b"\n") + 1, "truncated")
@@ -129,7 +134,7 @@ def reference_verify(
             fault = state.feed(number, *grammar.classify(event["producer"], event["kind"], event["data"]))
             if fault is not None:
                 raise ChainError(fault.reason, fault.line, fault.message)
-        fault = state.finish(len(events))
+        fault = state.finish(len(events), incomplete=incomplete)
         if fault is not None:
             raise ChainError(fault.reason, fault.line, fault.message)
     first = events[0]

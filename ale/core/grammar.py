@@ -127,6 +127,7 @@ RULES: Final[tuple[Rule, ...]] = (
     _e("rpc_summary", _EVALUATOR_UP),
     _e("eval_session_start", _EVALUATOR_UP),
     _e("batch_submitted", _EVALUATOR_UP),
+    _e("batch_progress", _EVALUATOR_UP),
     _e("episode_end", _OFFICIAL_RUNNING, EPISODE_KEY),
     _e("eval_result", _OFFICIAL_RUNNING, SESSION_KEY),
     # the agent
