@@ -165,9 +165,12 @@ def is_hidden_reasoning(kind: str) -> bool:
     return any(word in lowered for word in HIDDEN_REASONING_WORDS)
 
 
+_NONE: Mapping[str, int] = {}
+
+
 def code_of(producer: str, kind: str) -> int:
     """The rule's code, or the code of the reason the pair is refused."""
-    code = CODES.get(producer, {}).get(kind)
+    code = CODES.get(producer, _NONE).get(kind)
     if code is not None:
         return code
     if producer in RESERVED_PRODUCERS:
@@ -235,11 +238,20 @@ class GrammarState:
     task: str | None = None  # the open task
     seen: set[tuple[Any, ...]] = attrs.Factory(set)  # (kind, task, session[, index]) of results and episode ends
 
+    def event(self, line: int, producer: str, kind: str, data: Mapping[str, Any]) -> GrammarFault | None:
+        """:meth:`feed` an event given as it is (the recorder's way)."""
+        code = CODES.get(producer, _NONE).get(kind)
+        if code is not None and WINDOW_BIT[code] and self.phase in RULES[code].allowed:
+            return None  # the common case, without building its token
+        return self.feed(line, *classify(producer, kind, data))
+
     def feed(self, line: int, code: int, key: Any) -> GrammarFault | None:
         """Check the event at ``line``; if it is allowed, advance and return None (else change nothing)."""
         if code >= len(RULES):
             return GrammarFault(line, *_refused(code, key))
         rule = RULES[code]
+        if WINDOW_BIT[code] and self.phase in rule.allowed:  # the common case: nothing to check or change
+            return None
         if self.phase not in rule.allowed:
             return GrammarFault(line, OUT_OF_ORDER, f"{rule.producer} {rule.kind} may not occur {_where(self.phase)}")
         if rule.key != NO_KEY:

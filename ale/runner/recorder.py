@@ -53,6 +53,8 @@ CAPS: Mapping[str, Caps] = {
     "untrusted_agent": Caps(string_bytes=64 * KIB, line_bytes=256 * KIB),
 }
 
+_HARNESS_CAPS = CAPS["trusted_harness"]
+
 #: The site refuses a bundle larger than this (ale.core.bundle.Limits.max_ciphertext).
 SITE_LIMIT = bundle.Limits().max_ciphertext
 #: Bytes of trajectory lines each channel may write in a run (split evenly between its tasks):
@@ -100,9 +102,19 @@ def _clip(value: Any, limit: int, depth: int) -> Any:
     return {key: _clip(item, limit, depth + 1) for key, item in value.items()}
 
 
-def clip_data(data: Mapping[str, Any], caps: Caps) -> dict[str, Any]:
-    """The data with its strings cut to the producer's cap (the line's size is checked once built)."""
-    return {key: _clip(item, caps.string_bytes, 3) for key, item in data.items()}
+def clip_data(data: Mapping[str, Any], caps: Caps) -> Mapping[str, Any]:
+    """The data with its strings cut to the producer's cap (the line's size is checked once built);
+    ``data`` itself when nothing in it can need a cut (the common case, checked cheaply)."""
+    quick = caps.string_bytes // 4  # a string this short is within the cap, whatever its characters
+    for value in data.values():
+        kind = type(value)
+        if (kind is str and len(value) <= quick) or kind in _SCALARS:
+            continue
+        return {key: _clip(item, caps.string_bytes, 3) for key, item in data.items()}
+    return data
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
 
 
 def truncated_data(data: Mapping[str, Any], caps: Caps) -> dict[str, Any]:
@@ -217,7 +229,7 @@ class Recorder:
         channel: str | None,
     ) -> tuple[str, str] | None:
         """Write the event if it can be written and the grammar allows it; else (reason, message)."""
-        caps = CAPS.get(producer, CAPS["trusted_harness"])
+        caps = CAPS.get(producer, _HARNESS_CAPS)
         clipped = clip_data(data, caps)
         wall = time.time() if wall_time is None else wall_time
         mono = time.monotonic() if monotonic is None else monotonic
@@ -228,7 +240,7 @@ class Recorder:
                                                monotonic=mono)  # fmt: skip
         except ValueError as exc:
             return "unwritable", str(exc)
-        fault = self.grammar.feed(self.chain.seq + 1, *grammar.classify(producer, kind, event["data"]))
+        fault = self.grammar.event(self.chain.seq + 1, producer, kind, event["data"])
         if fault is not None:
             return fault.reason, fault.message
         self.chain.commit(event)
