@@ -155,6 +155,10 @@ CODES: Final[Mapping[str, Mapping[str, int]]] = {
 #: per code: a bit for a windowed rule (its first event in each run between structural events is
 #: enough), 0 for a structural rule or a refused pair (every one counts)
 WINDOW_BIT: Final = (*(1 << code if rule.windowed else 0 for code, rule in enumerate(RULES)), 0, 0, 0)
+#: producer -> kind -> its rule's window bit (0: structural); what the verifier's hot loop looks up
+BITS: Final[Mapping[str, Mapping[str, int]]] = {
+    producer: {kind: WINDOW_BIT[code] for kind, code in kinds.items()} for producer, kinds in CODES.items()
+}
 #: per code: the key it carries
 KEY_OF: Final = (*(rule.key for rule in RULES), NO_KEY, NO_KEY, NO_KEY)
 KINDS: Final[Mapping[str, frozenset[str]]] = {producer: frozenset(kinds) for producer, kinds in CODES.items()}

@@ -194,7 +194,7 @@ def parse_line(raw: bytes, number: int) -> dict[str, Any]:
 
 def _parse_line(raw: bytes, number: int) -> dict[str, Any]:
     event = parse_canonical(raw) if len(raw) <= MAX_LINE_BYTES else None
-    return event if type(event) is dict and _data_agrees(event) else parse_line(raw, number)
+    return event if type(event) is dict and _nested_agrees(event, 1) else parse_line(raw, number)
 
 
 def _refuse_truncated(stream: bytes) -> None:
@@ -268,10 +268,19 @@ def _check_fields(number: int, event: dict[str, Any], head: str = GENESIS) -> No
             raise ChainError(reason, number, message(value))
 
 
-def _data_agrees(value: Any, level: int = 2) -> bool:
-    """True if orjson writes every float in ``value`` (an event's data at ``level`` 2, or the event
-    at 1) as RFC 8785 does, and no container in it nests deeper than MAX_LINE_DEPTH; the fast path
-    vouches for nothing else (ale.core.canonical explains the floats)."""
+def _data_agrees(data: dict[str, Any]) -> bool:
+    """True if orjson writes every float in an event's ``data`` as RFC 8785 does, and no container in
+    it nests deeper than MAX_LINE_DEPTH; the fast path vouches for nothing else (ale.core.canonical
+    explains the floats). Data of strings and integers only, the common case, needs no walk."""
+    for value in data.values():
+        kind = type(value)
+        if kind is not str and kind is not int:
+            return _nested_agrees(data, 2)
+    return True
+
+
+def _nested_agrees(value: Any, level: int) -> bool:
+    """:func:`_data_agrees` for any value at ``level`` (the event itself is level 1)."""
     low, high = ORJSON_EXPONENT_BAND
     stack: list[tuple[Any, int]] = [(value, level)]
     while stack:
@@ -425,7 +434,7 @@ class _Scan:
         loads, dumps, orjson_errors = orjson.loads, orjson.dumps, (orjson.JSONDecodeError, orjson.JSONEncodeError)
         sha256, wall_time_ok, hex64, non_bmp = hashlib.sha256, _WALL_TIME.fullmatch, _HEX64.fullmatch, NON_BMP.search
         low, high = ORJSON_EXPONENT_BAND
-        codes, window_bit, structural = grammar.CODES, grammar.WINDOW_BIT, self._structural
+        bits, structural = grammar.BITS, self._structural
         first_line, first_of, counts, kinds, tokens = (
             self.first_line,
             self.first_of,
@@ -434,7 +443,8 @@ class _Scan:
             self.tokens,
         )
         number, checked, head, first_seq = 0 if first_line is None else first_line - 1, 0, GENESIS, 0
-        whole_ascii, window, again = chunk.isascii(), 0, b""
+        whole_ascii, window, again, wall = chunk.isascii(), 0, b"", ""
+        first_event = 1 if first_line == 1 else 0  # the line number of the stream's first event, if here
         start, size = 0, len(chunk)
         while start < size:
             end = find(b"\n", start)
@@ -489,7 +499,7 @@ class _Scan:
             expected_sequence = sequence if seen is None else first_of[producer][1] + seen[0]
             linked = checked == 0 or prev == head
             hashed = cut >= 0 and startswith(digest.encode(), cut + 8) and body.hexdigest() == digest
-            first = _first_fault(producer, kind, data) if number == 1 and first_line == 1 else None
+            first = _first_fault(producer, kind, data) if number == first_event else None
             # What the link phase checks against the chunks before (recorded even for a line that
             # fails a later check here: the link phase's fault may rank before it).
             if checked == 0:
@@ -512,17 +522,19 @@ class _Scan:
             counts[producer] = (1 if seen is None else seen[0] + 1, monotonic)
             kinds[kind] = kinds.get(kind, 0) + 1
             # The grammar's token: every structural event, each windowed rule's first since one.
-            code = codes[producer].get(kind, -1)
-            bit = window_bit[code] if code >= 0 else 0
+            bit = bits[producer].get(kind, 0)
             if not bit:
-                structural(number, code, producer, kind, data)
+                structural(number, producer, kind, data)
                 window = 0
             elif not window & bit:
                 window |= bit
-                tokens.append((number, code, None))
-            head, checked, start = digest, checked + 1, end + 1
-            self.last_wall = wall
+                tokens.append((number, bit.bit_length() - 1, None))  # (bit = 1 << code)
+            head = digest
+            checked += 1
+            start = end + 1
         self.head, self.checked = head, checked
+        if checked:
+            self.last_wall = wall
 
     def _first(self, number: int, seq: int, prev: str, wall: str, data: dict[str, Any]) -> None:
         """The chunk's first line: what the link phase checks against the chunks before it."""
@@ -531,12 +543,13 @@ class _Scan:
         if number == 1 and self.first_line == 1:
             self.run_started = data
 
-    def _structural(self, number: int, code: int, producer: str, kind: str, data: dict[str, Any]) -> None:
+    def _structural(self, number: int, producer: str, kind: str, data: dict[str, Any]) -> None:
+        code, key = grammar.classify(producer, kind, data)
         if code == _EVAL_RESULT:
             session = data.get("session_id")
             if isinstance(session, str):
                 self.eval_results[session] = data
-        self.tokens.append((number, *grammar.classify(producer, kind, data)))
+        self.tokens.append((number, code, key))
 
 
 _EVAL_RESULT = grammar.CODES["trusted_evaluator"]["eval_result"]
