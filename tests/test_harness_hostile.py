@@ -23,6 +23,7 @@ from ale.runner import bundle_writer
 from ale.runner.harness import EvaluatorTail
 from ale.runner.inspect import offline_check
 from ale.runner.recorder import BUDGETS, CAPS, open_recorder
+from ale.schemas import validator
 
 SITE_LIMIT = bundle.Limits().max_ciphertext
 EVENT_FD = "import os, sys\nfd = int(os.environ['ALE_EVENT_FD'])\n"
@@ -43,6 +44,10 @@ async def _bundled(options: Any, tmp_path: Path) -> tuple[Run, bytes, Report]:
     assert len(data) <= SITE_LIMIT, f"a bundle of {len(data)} bytes: the site takes at most {SITE_LIMIT}"
     report = offline_check(data, str(identity))
     assert report.chain.events == len(run.events)
+    events = validator("trajectory_event")
+    for number, event in enumerate(run.events, start=1):  # what was cut or refused still has its schema
+        errors = [f"{e.json_path}: {e.message[:200]}" for e in events.iter_errors(event)]
+        assert errors == [], f"line {number} ({event['producer']} {event['kind']}): {errors}"
     assert run.kinds()[-1] == "run_finished"
     assert run.of("refused_event") == []  # nothing of the harness's or the evaluator's was refused
     return run, data, report
@@ -93,6 +98,19 @@ async def test_event_fd_lines_the_grammar_refuses_are_recorded_as_refusals(
     assert run.kinds("untrusted_agent") == []
     recorded = [e for e in run.events if e["kind"] not in ("run_started", "agent_started")]  # (the command)
     assert b"secret plan" not in canonical_json(recorded)
+
+
+async def test_event_fd_line_over_64_kib_is_one_refusal_not_one_per_piece(tmp_path: Path) -> None:
+    code = EVENT_FD + (
+        "import json\nline = json.dumps({'kind': 'note', 'data': {'text': 'x' * (200 * 1024)}}).encode()\n"
+        'os.write(fd, line + b\'\\n\')\nos.write(fd, b\'{"kind": "note", "data": {"after": 1}}\\n\')\n'
+    )
+    run, _, _ = await _bundled(_options(code), tmp_path)
+    (refused,) = run.of("rejected_agent_event")
+    assert "not JSON" in refused["reason"]
+    assert run.of("note", "untrusted_agent") == [{"after": 1}]
+    (truncated,) = run.of("output_truncated")
+    assert truncated["dropped_bytes"] == len(b'{"kind": "note", "data": {"text": ""}}') + 200 * 1024 + 1 - 64 * 1024
 
 
 async def test_event_fd_data_the_verifier_could_not_read_back_is_refused_not_written(tmp_path: Path) -> None:
