@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python bench/harness_bench.py [--quick] [--out bench/results/harness.json]
 
-1. Trajectory recording: events/s through the real Recorder (RFC 8785 canonical JSON, SHA-256
+1. Trajectory recording: events/s through the real Recorder (caps, grammar, RFC 8785 canonical JSON, SHA-256
    chain, writer thread), side by side with the floor of writing the same events as plain
    ``json.dumps`` lines, in one run. Ratio = chained / plain.
 2. Harness overhead: ``ale run cartpole-balance`` with an agent that writes its policy and exits
@@ -34,16 +34,25 @@ def _payload(i: int) -> dict:
     return {"text": f"step {i}: reward 1.0 observation [0.01, -0.02, 0.03, 0.04]", "i": i}
 
 
+TASK = "cartpole-balance@1.0.0"
+
+
 async def _recorder_rate(n: int, path: Path) -> float:
+    """A whole one-task run (the grammar's order) of ``n`` events, nearly all agent stdout lines."""
     from ale.runner.recorder import open_recorder
 
     started = time.perf_counter()
     async with open_recorder(path) as rec:
-        rec.emit("trusted_harness", "run_started", {"nonce": None})
-        for i in range(n - 1):
+        rec.emit("trusted_harness", "run_started", {"nonce": None, "run_id": "bench", "tasks": [TASK]})
+        for kind in ("task_started", "evaluator_started", "agent_started"):
+            rec.emit("trusted_harness", kind, {"task": TASK})
+        for i in range(n - 9):
             rec.emit("untrusted_agent", "stdout", _payload(i))
             if i % 1000 == 0:
                 await trio.lowlevel.checkpoint()
+        for kind in ("agent_finished", "official_evaluation_started", "official_evaluation_skipped", "task_finished"):
+            rec.emit("trusted_harness", kind, {"task": TASK})
+        rec.emit("trusted_harness", "run_finished", {"tasks": {TASK: "not_completed"}})
     return n / (time.perf_counter() - started)
 
 

@@ -150,7 +150,7 @@ class FilesystemDetails:
     bytes_per_inode: int = attrs.field(validator=_non_negative)
 
 
-def _facility_consistent(inst: Any, _a: object, details: object) -> None:
+def _facility_consistent(inst: Any, _a: Any, details: Any) -> None:
     if inst.in_force != (details is not None) or inst.in_force != (inst.reason is None):
         raise ValueError("a facility in force has details and no reason; a missing one a reason and no details")
 

@@ -70,22 +70,34 @@ def code_digest() -> dict[str, Any]:
 
 @attrs.define
 class _LineSplitter:
-    """Splits a byte stream into lines, truncating long lines and capping the total it passes on."""
+    """Splits a byte stream into lines, capping the total it passes on. A line longer than MAX_LINE
+    is passed on in pieces of MAX_LINE (output text), or, with ``cut``, only its first MAX_LINE bytes
+    (the event channel: one line, one JSON value); the rest of it is counted as dropped."""
 
     stream: str
     sink: LineSink
     budget: int = MAX_STREAM_BYTES
+    cut: bool = False
     buf: bytearray = attrs.Factory(bytearray)
     dropped: int = 0
+    skipping: bool = False  # inside the rest of a cut line
 
     def feed(self, data: bytes | bytearray) -> None:
         self.buf += data
         while True:
             cut = self.buf.find(b"\n")
+            if self.skipping:
+                self.dropped += len(self.buf) if cut < 0 else cut + 1
+                del self.buf[: len(self.buf) if cut < 0 else cut + 1]
+                self.skipping = cut < 0
+                if cut < 0:
+                    return
+                continue
             if cut < 0:
                 if len(self.buf) > MAX_LINE:
                     self._line(bytes(self.buf[:MAX_LINE]))
                     del self.buf[:MAX_LINE]
+                    self.skipping = self.cut
                     continue
                 return
             self._line(bytes(self.buf[:cut]))
@@ -100,9 +112,10 @@ class _LineSplitter:
         self.sink(self.stream, line)
 
     def close(self) -> None:
-        if self.buf:
+        if self.buf and not self.skipping:
             self._line(bytes(self.buf))
-            self.buf.clear()
+        self.dropped += len(self.buf) if self.skipping else 0
+        self.buf.clear()
 
 
 async def _pump(stream: trio.abc.ReceiveStream, splitter: _LineSplitter) -> None:
@@ -352,7 +365,11 @@ class LocalRuntime:
             os.close(write_fd)
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
-        splitters = [_LineSplitter("stdout", sink), _LineSplitter("stderr", sink), _LineSplitter("event", sink)]
+        splitters = [
+            _LineSplitter("stdout", sink),
+            _LineSplitter("stderr", sink),
+            _LineSplitter("event", sink, cut=True),
+        ]
         stopped_for = ""
         events = trio.lowlevel.FdStream(read_fd)
         assert process.stdout is not None
