@@ -24,16 +24,16 @@ from typing import Any
 import attrs
 import gymnasium as gym
 import numpy as np
+
+from ale.catalog import Task
+from ale.env.v1 import env_pb2 as pb
+from ale.policy import Policy, PolicyError, PolicyOutputError
 from ale_evaluator import episodes
 from ale_evaluator._gym import element_shape
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.envs import MIN_BATCHED_COPIES, BatchedCartPole, make_env
 from ale_evaluator.parallel import ParallelMujoco, StepPool, step_each
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
-
-from ale.catalog import Task
-from ale.env.v1 import env_pb2 as pb
-from ale.policy import Policy, PolicyError, PolicyOutputError
 
 log = logging.getLogger(__name__)
 

@@ -12,14 +12,13 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ale import catalog
 from ale_evaluator import __version__
 from ale_evaluator.events import EventLog
 from ale_evaluator.parallel import MAX_STEP_THREADS
 from ale_evaluator.seeds import RunConfig, RunConfigError
 from ale_evaluator.server import default_rpc_cpu, keep_to_cpu, start, unix_address
 from ale_evaluator.service import TASK_BUDGET, EvaluatorState
-
-from ale import catalog
 
 
 class CliError(Exception):

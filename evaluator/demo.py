@@ -17,15 +17,15 @@ from typing import TextIO
 
 import gymnasium as gym
 import numpy as np
-from ale_evaluator._gym import element_shape
-from ale_evaluator.seeds import RunConfig
-from ale_evaluator.server import serving, unix_address
-from ale_evaluator.service import EvaluatorState
 
 from ale.catalog import Task
 from ale.client import AleEnvClient, RemoteEnv
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import linear_policy
+from ale_evaluator._gym import element_shape
+from ale_evaluator.seeds import RunConfig
+from ale_evaluator.server import serving, unix_address
+from ale_evaluator.service import EvaluatorState
 
 # Hand-tuned linear gains: a = W @ obs (discrete: push right iff positive).
 _GAINS: dict[str, np.ndarray] = {

@@ -16,16 +16,16 @@ from typing import Any, cast
 import attrs
 import gymnasium as gym
 import numpy as np
+
+from ale.catalog import Task
+from ale.core.results import AbortReason
+from ale.env.v1 import env_pb2 as pb
 from ale_evaluator import episodes
 from ale_evaluator._gym import CartPoleBatch, CartPoleCopy, TimeLimited, element_shape
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.errors import invalid, precondition
 from ale_evaluator.parallel import ParallelMujoco, StepPool, step_each
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
-
-from ale.catalog import Task
-from ale.core.results import AbortReason
-from ale.env.v1 import env_pb2 as pb
 
 
 def make_env(task: Task) -> gym.Env:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from ale_evaluator.domains import Domain, EpisodeMeter
-
 from ale.core.results import AbortReason, Episode
 from ale.env.v1 import env_pb2 as pb
+from ale_evaluator.domains import Domain, EpisodeMeter
 
 #: Why an episode did not run to its end.
 ABORT_REASONS = ("reset_mid_episode", "session_closed", "not_started", "policy_error", "evaluator_error")

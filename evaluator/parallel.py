@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
-from ale_evaluator._gym import TimeLimited
 from gymnasium.error import ResetNeeded
+
+from ale_evaluator._gym import TimeLimited
 
 if TYPE_CHECKING:
     from gymnasium.envs.mujoco.mujoco_env import MujocoEnv

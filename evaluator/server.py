@@ -16,12 +16,12 @@ from pathlib import Path
 
 import attrs
 import grpc
-from ale_evaluator import reflection
-from ale_evaluator.service import AGENT, HARNESS, AleEnvServicer, EvaluatorState, generic_handler
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ale.env.v1 import env_pb2 as pb
 from ale.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME
+from ale_evaluator import reflection
+from ale_evaluator.service import AGENT, HARNESS, AleEnvServicer, EvaluatorState, generic_handler
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -29,16 +29,6 @@ from typing import Any
 
 import attrs
 import grpc
-from ale_evaluator import __version__
-from ale_evaluator.batch import BatchJob, check_policy_fits
-from ale_evaluator.budget import StepBudget
-from ale_evaluator.domains import DOMAINS, Domain
-from ale_evaluator.envs import EnvGroup, EvalSession
-from ale_evaluator.episodes import EpisodeRecord
-from ale_evaluator.errors import RpcError, denied, exhausted, invalid, not_found, precondition, refusal
-from ale_evaluator.events import SUMMARISED, EventLog
-from ale_evaluator.parallel import StepPool, default_step_threads, init_helper_thread
-from ale_evaluator.seeds import RunConfig
 from google.protobuf.message import Message
 
 from ale.catalog import Task
@@ -53,6 +43,16 @@ from ale.protocol import (
     encode_tensor,
     parse_request,
 )
+from ale_evaluator import __version__
+from ale_evaluator.batch import BatchJob, check_policy_fits
+from ale_evaluator.budget import StepBudget
+from ale_evaluator.domains import DOMAINS, Domain
+from ale_evaluator.envs import EnvGroup, EvalSession
+from ale_evaluator.episodes import EpisodeRecord
+from ale_evaluator.errors import RpcError, denied, exhausted, invalid, not_found, precondition, refusal
+from ale_evaluator.events import SUMMARISED, EventLog
+from ale_evaluator.parallel import StepPool, default_step_threads, init_helper_thread
+from ale_evaluator.seeds import RunConfig
 
 log = logging.getLogger(__name__)
 

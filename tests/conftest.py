@@ -9,14 +9,14 @@ from typing import Any
 
 import attrs
 import pytest
-from ale_evaluator.events import EventLog
-from ale_evaluator.seeds import RunConfig
-from ale_evaluator.server import RunningEvaluator, start, unix_address
-from ale_evaluator.service import EvaluatorState, Limits
 from evaluator_helpers import task_in_mode
 
 from ale import catalog
 from ale.client import AleEnvClient
+from ale_evaluator.events import EventLog
+from ale_evaluator.seeds import RunConfig
+from ale_evaluator.server import RunningEvaluator, start, unix_address
+from ale_evaluator.service import EvaluatorState, Limits
 
 FIXED_CONFIG = RunConfig(run_id="test-run-0001", secret=bytes(range(32)))
 

@@ -10,12 +10,12 @@ from importlib import resources
 
 import grpc
 import pytest
-from ale_evaluator.seeds import RunConfig
 
 from ale import catalog
 from ale.client import AleEnvClient, AleEnvError
 from ale.core.tasks import parse_task
 from ale.env.v1 import env_pb2 as pb
+from ale_evaluator.seeds import RunConfig
 
 
 @functools.cache

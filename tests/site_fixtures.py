@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from ale_verify import db, pipeline
 
 from ale import catalog
 from ale.core.canonical import canonical_json
@@ -55,6 +54,7 @@ from ale.core.results import (
 from ale.core.scoring import aggregate, score_task
 from ale.core.trajectory import EVENT_SCHEMA
 from ale.core.verify import Documents, RunnerKey
+from ale_verify import db, pipeline
 
 RELEASE, RELEASE_SHA256 = catalog.release()
 TASKS = {t.spec.ref: t.spec for t in catalog.tasks().values()}

@@ -14,11 +14,6 @@ import grpc
 import numpy as np
 import pytest
 import safetensors.numpy
-from ale_evaluator.envs import make_env
-from ale_evaluator.errors import MAX_STATUS_CHARS
-from ale_evaluator.events import MAX_STRING_CHARS
-from ale_evaluator.server import long_poll_slots
-from ale_evaluator.service import METHODS, AleEnvServicer, Limits
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +24,11 @@ from ale.client import AleEnvClient, AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.env.v1 import env_pb2_grpc
 from ale.protocol import ECHO_CHARS, MAX_ID_CHARS, MAX_MESSAGE_BYTES, SERVICE_NAME, decode_tensor, encode_tensor
+from ale_evaluator.envs import make_env
+from ale_evaluator.errors import MAX_STATUS_CHARS
+from ale_evaluator.events import MAX_STRING_CHARS
+from ale_evaluator.server import long_poll_slots
+from ale_evaluator.service import METHODS, AleEnvServicer, Limits
 
 ROLES = ("agent", "harness")
 OK = grpc.StatusCode.OK

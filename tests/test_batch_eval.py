@@ -17,17 +17,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import safetensors.numpy
-from ale_evaluator.batch import LOCKSTEP_SLOTS
-from ale_evaluator.domains import DOMAINS
-from ale_evaluator.envs import make_env
-from ale_evaluator.seeds import hidden_seed
-from ale_evaluator.service import Limits
 from evaluator_helpers import code_of, commitment_of, wait_for_batch
 
 from ale import catalog
 from ale.client import AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import MAX_POLICY_BYTES, linear_policy, load_policy, save_policy
+from ale_evaluator.batch import LOCKSTEP_SLOTS
+from ale_evaluator.domains import DOMAINS
+from ale_evaluator.envs import make_env
+from ale_evaluator.seeds import hidden_seed
+from ale_evaluator.service import Limits
 
 # CartPole: push toward the lean only (falls in a few dozen steps) / a balancing controller (500 steps).
 FALLING = linear_policy(np.array([[0.0, 0.0, -1.0, 0.0], [0.0, 0.0, 1.0, 0.0]]), output="discrete")

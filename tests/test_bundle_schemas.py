@@ -25,15 +25,12 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-import ale_evaluator
 import pytest
 import rfc8785
 import zstandard
-from ale_evaluator.episodes import ABORT_REASONS
-from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
-from ale_evaluator.service import METHODS
 from jsonschema import Draft202012Validator
 
+import ale_evaluator
 from ale import catalog
 from ale.core import grammar
 from ale.core.attestation import dependency_lock, dependency_lock_sha256
@@ -47,6 +44,9 @@ from ale.core.trajectory import EVENT_SCHEMA, GENESIS, PRODUCERS, ChainBuilder, 
 from ale.core.verify import check_files
 from ale.runner import bundle_writer, harness
 from ale.schemas import validate_document
+from ale_evaluator.episodes import ABORT_REASONS
+from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
+from ale_evaluator.service import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = ROOT / "ale" / "schemas"

@@ -13,16 +13,16 @@ import json
 import grpc
 import numpy as np
 import pytest
-from ale_evaluator.domains import DOMAINS
-from ale_evaluator.envs import make_env
-from ale_evaluator.seeds import RunConfig, hidden_seed
-from ale_evaluator.service import Limits
 from evaluator_helpers import code_of, commitment_of
 
 from ale import catalog
 from ale.client import AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.protocol import decode_tensor
+from ale_evaluator.domains import DOMAINS
+from ale_evaluator.envs import make_env
+from ale_evaluator.seeds import RunConfig, hidden_seed
+from ale_evaluator.service import Limits
 
 OTHER_CONFIG = RunConfig(run_id="test-run-0001", secret=bytes(range(1, 33)))
 

@@ -16,15 +16,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import ale_evaluator
 import numpy as np
 import pytest
-from ale_evaluator.seeds import RunConfig, hidden_seed
 
+import ale_evaluator
 from ale import catalog
 from ale.client import AleEnvClient, AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import linear_policy
+from ale_evaluator.seeds import RunConfig, hidden_seed
 
 EVALUATOR = [sys.executable, "-m", "ale_evaluator"]
 SECRET = hashlib.sha256(b"ale cli test").digest()

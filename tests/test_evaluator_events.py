@@ -8,12 +8,12 @@ import json
 import grpc
 import numpy as np
 import pytest
-from ale_evaluator.events import MAX_STRING_CHARS, EventLog
 from evaluator_helpers import wait_for_batch
 
 from ale.client import AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import linear_policy
+from ale_evaluator.events import MAX_STRING_CHARS, EventLog
 
 
 def _summaries(ev) -> list[dict]:

@@ -8,13 +8,13 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
-from ale_evaluator.envs import make_env
-from ale_evaluator.seeds import hidden_seed
 from gymnasium.utils.env_checker import check_env
 
 from ale import catalog
 from ale.client import AleEnvError, RemoteEnv, RemoteVectorEnv
 from ale.env.v1 import env_pb2 as pb
+from ale_evaluator.envs import make_env
+from ale_evaluator.seeds import hidden_seed
 
 
 def local_env(task_id: str) -> gym.Env:

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ale_verify import db, openapi, tokens
 
 from ale.core.reasons import REASONS, Level, Reason, Use, VerificationError, levels_table, reasons_for, reasons_table
+from ale_verify import db, openapi, tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 VERIFIER_MD = (ROOT / "docs" / "verifier.md").read_text(encoding="utf-8")

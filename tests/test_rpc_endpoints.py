@@ -10,24 +10,24 @@ from __future__ import annotations
 import threading
 import time
 
-import ale_evaluator
 import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
-from ale_evaluator.envs import make_env
-from ale_evaluator.server import start, unix_address
-from ale_evaluator.service import Limits
 from evaluator_helpers import code_of, wait_for_batch
 from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+import ale_evaluator
 from ale import catalog
 from ale.client import AleEnvClient, AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import linear_policy
 from ale.protocol import SERVICE_NAME, decode_space, decode_tensor
+from ale_evaluator.envs import make_env
+from ale_evaluator.server import start, unix_address
+from ale_evaluator.service import Limits
 
 ROLES = ["agent", "harness"]
 RPC_NAMES = {

@@ -19,12 +19,12 @@ import time
 import grpc
 import numpy as np
 import pytest
-from ale_evaluator import seeds
-from ale_evaluator.seeds import RunConfig, RunConfigError, hidden_seed
 
 from ale.client import AleEnvClient, AleEnvError, RemoteEnv
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import linear_policy
+from ale_evaluator import seeds
+from ale_evaluator.seeds import RunConfig, RunConfigError, hidden_seed
 
 TASK = "cartpole-balance"
 # A secret with no structure, so a chance match is impossible and a real one unmistakable.

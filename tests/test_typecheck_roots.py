@@ -76,3 +76,11 @@ def test_paths_outside_the_working_folder_stay_absolute(tmp_path: Path) -> None:
     prefixes = wrapper.path_prefixes(tmp_path / "roots", elsewhere)
     line = f"{tmp_path}/roots/ale_evaluator/a.py:1: error: x\n"
     assert wrapper.real_paths(line, prefixes) == f"{tmp_path}/evaluator/a.py:1: error: x\n"
+
+
+def test_ruff_sorts_every_import_root_as_first_party() -> None:
+    # issue 10.21: the package-dir mapping made ruff sort ale_evaluator and ale_verify as third-party.
+    src = PYPROJECT["tool"]["ruff"]["src"]
+    assert "." in src
+    assert "import-roots" in src
+    assert {p.name for p in ROOTS.iterdir() if p.is_symlink()} == set(PACKAGE_DIR) - {"ale"}

@@ -22,8 +22,6 @@ import pyrage
 import pytest
 import verifier_helpers as h
 import zstandard
-from ale_verify import db, tokens
-from ale_verify.pipeline import process_upload
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +29,8 @@ from hypothesis import strategies as st
 from ale.core import bundle
 from ale.core.signing import sign_root
 from ale.core.trajectory import ChainError, verify_chain
+from ale_verify import db, tokens
+from ale_verify.pipeline import process_upload
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 import verifier_helpers as h
-from ale_verify.chain_workers import ChainWorkers
 from test_verifier_pipeline import CONTAINER_CASES, DOCUMENT_CASES, _assert_rejected, _upload
 from trajectory_helpers import RunBuilder
 
 from ale.core.trajectory import ChainError, link_chunks, verify_chain
+from ale_verify.chain_workers import ChainWorkers
 
 
 @pytest.fixture(scope="module")

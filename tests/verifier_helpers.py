@@ -33,9 +33,6 @@ import attrs
 import httpx
 import pyrage
 import zstandard
-from ale_verify import db, tokens
-from ale_verify.app import create_app
-from ale_verify.config import Settings
 
 from ale.core import bundle
 from ale.core.canonical import canonical_json
@@ -43,6 +40,9 @@ from ale.core.merkle import files_root
 from ale.core.reasons import Use, reasons_for
 from ale.core.signing import load_private_key, sign_root
 from ale.core.trajectory import event_hash
+from ale_verify import db, tokens
+from ale_verify.app import create_app
+from ale_verify.config import Settings
 
 T = TypeVar("T")
 

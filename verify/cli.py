@@ -39,9 +39,10 @@ def cmd_keygen(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from ale_verify.app import create_app
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
+
+    from ale_verify.app import create_app
 
     for path in (settings.key_file, settings.signing_key_file):
         if not path.exists():

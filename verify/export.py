@@ -43,12 +43,12 @@ from typing import Any
 
 import attrs
 import jinja2
-from ale_verify import __version__, db
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from markupsafe import Markup
 
 from ale import catalog
+from ale_verify import __version__, db
 
 #: The board's tabs: (category, label, first page, stem of later pages).
 CATEGORIES: tuple[tuple[str, str, str, str], ...] = (

@@ -37,9 +37,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
-from ale_verify import db, tokens
-from ale_verify.chain_workers import ChainWorkers
-from ale_verify.config import Settings
 
 from ale import catalog
 from ale.core import bundle
@@ -61,6 +58,9 @@ from ale.core.verify import (
 )
 from ale.runner.inspect import installed_releases, read_identity
 from ale.schemas import validate_document
+from ale_verify import db, tokens
+from ale_verify.chain_workers import ChainWorkers
+from ale_verify.config import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

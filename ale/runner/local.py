@@ -42,9 +42,8 @@ MAX_STREAM_BYTES = 8 * 1024 * 1024
 def code_digest() -> dict[str, Any]:
     """A digest of the installed code (the ale and ale_evaluator packages: runner, client and evaluator)
     and of the dependency lock (sorted name==version lines)."""
-    import ale_evaluator
-
     import ale
+    import ale_evaluator
 
     def files() -> Iterator[tuple[str, bytes]]:
         for package in (ale, ale_evaluator):
