@@ -236,7 +236,7 @@ def _tensor(tensors: Mapping[str, np.ndarray], name: str, ndim: int) -> np.ndarr
     return t.astype(np.float64)
 
 
-def _build(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> Policy:
+def _check_shape(arch: Architecture) -> None:
     if not 1 <= arch.observation_dim <= MAX_WIDTH:
         raise PolicyError(f"observation_dim must be 1..{MAX_WIDTH}")
     if not 1 <= len(arch.layers) <= MAX_LAYERS:
@@ -245,16 +245,23 @@ def _build(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> Policy:
         raise PolicyError('a box output needs "squash": "clip" or "tanh"')
     if arch.output.kind == "discrete" and arch.output.squash is not None:
         raise PolicyError("a discrete output takes no squash")
-    mean = std = None
-    if arch.normalizer is not None:
-        if not (math.isfinite(arch.normalizer.clip) and arch.normalizer.clip > 0):
-            raise PolicyError("normalizer clip must be a finite positive number")
-        mean = _tensor(tensors, arch.normalizer.mean, 1)
-        std = _tensor(tensors, arch.normalizer.std, 1)
-        if mean.shape != (arch.observation_dim,) or std.shape != (arch.observation_dim,):
-            raise PolicyError("normalizer mean and std must have shape [observation_dim]")
-        if np.any(std <= 0):
-            raise PolicyError("normalizer std must be positive")
+
+
+def _normalizer(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> tuple[np.ndarray | None, np.ndarray | None]:
+    if arch.normalizer is None:
+        return None, None
+    if not (math.isfinite(arch.normalizer.clip) and arch.normalizer.clip > 0):
+        raise PolicyError("normalizer clip must be a finite positive number")
+    mean = _tensor(tensors, arch.normalizer.mean, 1)
+    std = _tensor(tensors, arch.normalizer.std, 1)
+    if mean.shape != (arch.observation_dim,) or std.shape != (arch.observation_dim,):
+        raise PolicyError("normalizer mean and std must have shape [observation_dim]")
+    if np.any(std <= 0):
+        raise PolicyError("normalizer std must be positive")
+    return mean, std
+
+
+def _layers(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, str]]:
     layers = []
     width, params = arch.observation_dim, 0
     for i, layer in enumerate(arch.layers):
@@ -269,6 +276,13 @@ def _build(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> Policy:
         layers.append((w, b, layer.activation))
     if params > MAX_PARAMETERS:
         raise PolicyError(f"{params} parameters exceeds the limit of {MAX_PARAMETERS}")
+    return layers
+
+
+def _build(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> Policy:
+    _check_shape(arch)
+    mean, std = _normalizer(arch, tensors)
+    layers = _layers(arch, tensors)
     used = {n for layer in arch.layers for n in (layer.weight, layer.bias)}
     if arch.normalizer is not None:
         used |= {arch.normalizer.mean, arch.normalizer.std}

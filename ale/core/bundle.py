@@ -435,22 +435,27 @@ def _walk(data: bytes, limits: Limits) -> tuple[list[_Member], int]:
         pos += BLOCK + _padded(size, BLOCK)
 
 
+def _check_member_layout(data: bytes, m: _Member) -> None:
+    """One member's header and padding are exactly build_tar's."""
+    for field, value in CANONICAL_FIELDS.items():
+        if _field(m.header, field) != value:
+            raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the {field} field is not {value!r}")
+    if _field(m.header, "name") != m.name.encode().ljust(_MAX_NAME, b"\0"):
+        raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the name field is not the name and NULs")
+    if _field(m.header, "chksum")[6:] != b"\0 ":
+        raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the checksum is not 6 digits, a NUL, a space")
+    if m.header != _header(m.name.encode(), m.size):  # pragma: no cover - the checks above, as a whole
+        raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the header is not the canonical header")
+    start = m.offset + BLOCK + m.size
+    if data.count(0, start, m.offset + BLOCK + _padded(m.size, BLOCK)) != -m.size % BLOCK:
+        raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the padding after its data is not zeros")
+
+
 def _check_layout(data: bytes, members: list[_Member], end: int) -> None:
     """Step two: the exact layout of build_tar, and nothing after the end-of-archive blocks."""
     previous = b""
     for m in members:
-        for field, value in CANONICAL_FIELDS.items():
-            if _field(m.header, field) != value:
-                raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the {field} field is not {value!r}")
-        if _field(m.header, "name") != m.name.encode().ljust(_MAX_NAME, b"\0"):
-            raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the name field is not the name and NULs")
-        if _field(m.header, "chksum")[6:] != b"\0 ":
-            raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the checksum is not 6 digits, a NUL, a space")
-        if m.header != _header(m.name.encode(), m.size):  # pragma: no cover - the checks above, as a whole
-            raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the header is not the canonical header")
-        start = m.offset + BLOCK + m.size
-        if data.count(0, start, m.offset + BLOCK + _padded(m.size, BLOCK)) != -m.size % BLOCK:
-            raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: the padding after its data is not zeros")
+        _check_member_layout(data, m)
         if m.name.encode() <= previous:
             raise BundleError(Reason.TAR_NOT_CANONICAL, f"{m.name!r}: members are not in ascending byte order")
         previous = m.name.encode()

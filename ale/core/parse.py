@@ -118,19 +118,12 @@ def parse_json(
         if "depth limit" in str(exc):
             raise JsonLimitError(f"{what}: nested deeper than {max_depth} levels", "depth") from None
         raise ParseError(f"{what}: not valid JSON ({_clip(str(exc))})") from None
-    if type(value) is not dict and type(value) is not list:
-        if type(value) is int and not -SAFE_INTEGER <= value <= SAFE_INTEGER:
-            raise ParseError(f"{what}: integer {_clip(str(value))} is outside +/-(2**53 - 1)")
-        if type(value) is not float or abs(value) < 9.2e18:
-            return value
-        suspicious = True
-    else:
-        try:
-            suspicious = _walk(value, max_depth)
-        except JsonLimitError as exc:
-            raise JsonLimitError(f"{what}: {exc}", exc.limit) from None
-        except ParseError as exc:
-            raise ParseError(f"{what}: {exc}") from None
+    try:  # wrapped in a list, so that a lone scalar is checked like any member
+        suspicious = _walk([value], max_depth + 1)
+    except JsonLimitError as exc:
+        raise JsonLimitError(f"{what}: nested deeper than {max_depth} levels", exc.limit) from None
+    except ParseError as exc:
+        raise ParseError(f"{what}: {exc}") from None
     if suspicious or unique_keys:
         # Depth is known to be small now, so the standard library's recursive parser is safe.
         try:
@@ -145,38 +138,63 @@ def parse_json(
     return value
 
 
+def _strict_float(value: Any, _t: type) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number, got {type(value).__name__}")
+    return float(value)
+
+
+def _strict_int(value: Any, _t: type) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"expected an integer, got {type(value).__name__}")
+    return value
+
+
+def _strict_str(value: Any, _t: type) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _strict_bool(value: Any, _t: type) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {type(value).__name__}")
+    return value
+
+
+def _strict_none(value: Any, _t: type) -> None:
+    if value is not None:
+        raise ValueError(f"expected null, got {type(value).__name__}")
+
+
+def _strict_scalar(value: Any, _t: type) -> Any:
+    if value is not None and type(value) not in (str, int, float, bool):
+        raise ValueError(f"expected a string, number, boolean or null, got {type(value).__name__}")
+    return value
+
+
+def _only(kind: type, name: str, inner: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    # cattrs would make a tuple of a string's characters or a dict's keys; JSON arrays only
+    def structure_container(value: Any, t: Any) -> Any:
+        if type(value) is not kind:
+            raise ValueError(f"expected {name}, got {type(value).__name__}")
+        return inner(value, t)
+
+    return structure_container
+
+
+def _is_tuple(t: Any) -> bool:
+    args = get_args(t)
+    return get_origin(t) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+
+def _is_mapping(t: Any) -> bool:
+    origin: Any = get_origin(t)
+    return origin is dict or origin is Mapping
+
+
 def _make_converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
-
-    def _strict_float(value: Any, _t: type) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"expected a number, got {type(value).__name__}")
-        return float(value)
-
-    def _strict_int(value: Any, _t: type) -> int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"expected an integer, got {type(value).__name__}")
-        return value
-
-    def _strict_str(value: Any, _t: type) -> str:
-        if not isinstance(value, str):
-            raise ValueError(f"expected a string, got {type(value).__name__}")
-        return value
-
-    def _strict_bool(value: Any, _t: type) -> bool:
-        if not isinstance(value, bool):
-            raise ValueError(f"expected true or false, got {type(value).__name__}")
-        return value
-
-    def _strict_none(value: Any, _t: type) -> None:
-        if value is not None:
-            raise ValueError(f"expected null, got {type(value).__name__}")
-
-    def _strict_scalar(value: Any, _t: type) -> Any:
-        if value is not None and type(value) not in (str, int, float, bool):
-            raise ValueError(f"expected a string, number, boolean or null, got {type(value).__name__}")
-        return value
-
     conv.register_structure_hook(float, _strict_float)
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(str, _strict_str)
@@ -184,26 +202,9 @@ def _make_converter() -> cattrs.Converter:
     conv.register_structure_hook_func(lambda t: t is None or t is type(None), _strict_none)
     conv.register_structure_hook(Scalar, _strict_scalar)
 
-    def _only(kind: type, name: str, inner: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
-        # cattrs would make a tuple of a string's characters or a dict's keys; JSON arrays only
-        def structure_container(value: Any, t: Any) -> Any:
-            if type(value) is not kind:
-                raise ValueError(f"expected {name}, got {type(value).__name__}")
-            return inner(value, t)
-
-        return structure_container
-
-    def _is_tuple(t: Any) -> bool:
-        args = get_args(t)
-        return get_origin(t) is tuple and len(args) == 2 and args[1] is Ellipsis
-
     conv.register_structure_hook_factory(
         _is_tuple, lambda t: _only(list, "an array", homogenous_tuple_structure_factory(t, conv))
     )
-
-    def _is_mapping(t: Any) -> bool:
-        origin: Any = get_origin(t)
-        return origin is dict or origin is Mapping
 
     conv.register_structure_hook_factory(
         _is_mapping, lambda t: _only(dict, "an object", mapping_structure_factory(t, conv))

@@ -116,21 +116,26 @@ def check_result(task: TaskResult) -> None:
         raise ResultInconsistency(f"{task.task}: the result is for {r.task_id}@{r.task_version}")
     if not (r.complete and r.official):
         raise ResultInconsistency(f"{task.task}: a completed task needs a complete, official result")
+    _check_episodes(task.task, r)
+
+
+def _check_episodes(ref: str, r: EvalResult) -> None:
+    """The figures an EvalResult derives from its episodes are what its episodes say."""
     if len(r.episodes) != r.num_episodes or [e.index for e in r.episodes] != list(range(r.num_episodes)):
-        raise ResultInconsistency(f"{task.task}: episodes are not exactly 0..{r.num_episodes - 1}")
+        raise ResultInconsistency(f"{ref}: episodes are not exactly 0..{r.num_episodes - 1}")
     if r.num_episodes == 0:
-        raise ResultInconsistency(f"{task.task}: no episodes")
+        raise ResultInconsistency(f"{ref}: no episodes")
     headline = sum(e.headline_value for e in r.episodes) / r.num_episodes
     if not math.isclose(headline, r.headline_value, rel_tol=1e-9, abs_tol=1e-12):
-        raise ResultInconsistency(f"{task.task}: headline {r.headline_value} is not the episodes' mean {headline}")
+        raise ResultInconsistency(f"{ref}: headline {r.headline_value} is not the episodes' mean {headline}")
     if sum(e.passed for e in r.episodes) != r.passed_episodes:
-        raise ResultInconsistency(f"{task.task}: passed_episodes does not match the episodes")
+        raise ResultInconsistency(f"{ref}: passed_episodes does not match the episodes")
     if len({e.seed_commitment for e in r.episodes}) != r.num_episodes:
-        raise ResultInconsistency(f"{task.task}: seed commitments repeat")
+        raise ResultInconsistency(f"{ref}: seed commitments repeat")
     for s in r.safety:
         count = sum(e.safety_counts.get(s.name, 0) for e in r.episodes)
         if count != s.count or not math.isclose(s.rate, count / r.num_episodes, rel_tol=1e-9, abs_tol=1e-12):
-            raise ResultInconsistency(f"{task.task}: safety metric {s.name} does not match the episodes")
+            raise ResultInconsistency(f"{ref}: safety metric {s.name} does not match the episodes")
 
 
 MAX_TASK_RESULTS_BYTES = 32 * 1024 * 1024
