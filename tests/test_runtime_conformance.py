@@ -19,7 +19,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,12 +30,12 @@ import trio
 
 from ale import catalog
 from ale.client import AleEnvClient
-from ale.runner import sandbox
+from ale.runner import agent_env, sandbox
 from ale.runner.local import LocalRuntime
 from ale.runner.runtime import EvaluatorSpec, EvaluatorStartError, Runtime, SandboxResult
 from ale.runner.sandbox import Limits, SandboxSpec
 
-PY = str(Path(sys.prefix) / "bin" / "python")
+PY = agent_env.PYTHON  # the sandbox's own interpreter (docs/agent-contract.md)
 TASK = "cartpole-balance"
 KILL_GRACE_S = 5.0  # docs/agent-contract.md: SIGTERM, then SIGKILL after 5 s
 MAX_LINE = 64 * 1024

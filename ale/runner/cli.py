@@ -12,6 +12,7 @@ from pathlib import Path
 import trio
 
 from ale import __version__, catalog
+from ale.runner import agent_env
 from ale.runner.harness import AgentSpec
 
 BUNDLED_AGENTS = {
@@ -39,8 +40,10 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
         raise CliError(
             f"unknown bundled agent {args.agent!r}; choose from {', '.join(BUNDLED_AGENTS)} or use --agent-cmd"
         )
-    python = str(Path(sys.prefix) / "bin" / "python")
-    return AgentSpec(name=f"ale-{args.agent}", command=(python, "-m", module), declared=declared)
+    # The sandbox's own interpreter; the agent's modules go into its environment (agent_env).
+    return AgentSpec(
+        name=f"ale-{args.agent}", command=(agent_env.PYTHON, "-m", module), declared=declared, modules=(module,)
+    )
 
 
 def _release(args: argparse.Namespace):

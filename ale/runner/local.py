@@ -21,7 +21,7 @@ import trio
 import trio.lowlevel
 
 from ale.core import attestation
-from ale.runner import sandbox
+from ale.runner import agent_env, sandbox
 from ale.runner._groups import collapse
 from ale.runner.runtime import (
     EvaluatorSpec,
@@ -288,6 +288,11 @@ class LocalRuntime:
         *,
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
+        if spec.agent_env is None:  # the client library alone
+            try:
+                spec = attrs.evolve(spec, agent_env=await trio.to_thread.run_sync(agent_env.ensure))
+            except agent_env.AgentEnvError as exc:
+                raise SandboxError(str(exc)) from None
         read_fd, write_fd = os.pipe()
         spec = attrs.evolve(spec, env={**spec.env, "ALE_EVENT_FD": str(write_fd)})
         argv = sandbox.bwrap_argv(spec)

@@ -3,7 +3,7 @@
 Building the argv is pure; running it is :mod:`ale.runner.local`'s job. The sandbox gets no
 network namespace access (a fresh, empty network namespace: loopback only), its own PID, IPC
 and UTS namespaces, a private size-limited /tmp, its workspace, the read-only task files, the
-evaluator's agent socket, and the read-only Python installation that carries ``ale.client``;
+evaluator's agent socket, and its own read-only Python environment (:mod:`ale.runner.agent_env`);
 nothing else of the host. As root it drops to an unprivileged uid (``setpriv``) with no
 capabilities and ``no_new_privs``, so the process-count limit is enforced by the kernel.
 """
@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import attrs
+
+from ale.runner.agent_env import MOUNT_POINT as PYTHON_PATH
+from ale.runner.agent_env import AgentEnv
 
 SANDBOX_UID = 65534  # nobody
 SOCKET_PATH = "/ale/evaluator.sock"
@@ -44,23 +46,28 @@ class SandboxSpec:
     env: dict[str, str]
     limits: Limits = Limits()
     wall_time_s: float = 3600.0
+    agent_env: AgentEnv | None = None  # the agent's Python (ale.runner.agent_env); the runtime's default when None
 
 
 class SandboxUnavailable(RuntimeError):
     """Bubblewrap cannot isolate the agent on this machine."""
 
 
-def _python_roots() -> list[Path]:
-    """What the sandbox needs to run Python with ``ale.client``: the interpreter and the packages."""
-    import ale
-
-    roots = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
-    package = Path(ale.__file__).resolve().parent
-    if not any(package.is_relative_to(r) for r in roots):
-        roots.add(package)  # an editable install: bind the package folder where it is
-    # Fold roots that sit inside another root.
-    ordered = sorted(roots, key=lambda p: len(p.parts))
-    return [r for i, r in enumerate(ordered) if not any(r.is_relative_to(o) for o in ordered[:i])]
+def _python_mounts(env: AgentEnv) -> list[str]:
+    """The agent's own environment at PYTHON_PATH, the interpreter's standard library at its own
+    path, and an empty folder over whatever of the host's installation those trees would show."""
+    argv: list[str] = []
+    made: set[Path] = set()
+    for bind in env.interpreter.binds:
+        for parent in _parents(Path(bind)):
+            if parent not in made and not str(parent).startswith("/usr"):
+                argv += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+        argv += ["--ro-bind", bind, bind]
+    for hidden in env.interpreter.hidden:
+        argv += ["--ro-bind", str(env.empty), hidden]
+    parent = str(Path(PYTHON_PATH).parent)  # made here: bwrap would make a missing parent 0700
+    return [*argv, "--perms", "0755", "--dir", parent, "--ro-bind", str(env.root), PYTHON_PATH]
 
 
 def _parents(path: Path) -> list[Path]:
@@ -68,7 +75,7 @@ def _parents(path: Path) -> list[Path]:
 
 
 def sandbox_path() -> str:
-    return f"{Path(sys.prefix) / 'bin'}:/usr/bin:/bin"
+    return f"{PYTHON_PATH}/bin:/usr/bin:/bin"
 
 
 def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None = None) -> list[str]:
@@ -119,13 +126,9 @@ def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None 
     # The private /tmp comes before the read-only binds: a Python installation or checkout that
     # lives under the host's /tmp (a CI clone, say) must stay visible on top of it.
     argv += ["--perms", "1777", "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp"]
-    made: set[Path] = set()
-    for root in _python_roots():
-        for parent in _parents(root):
-            if parent not in made and not str(parent).startswith("/usr"):
-                argv += ["--perms", "0755", "--dir", str(parent)]
-                made.add(parent)
-        argv += ["--ro-bind", str(root), str(root)]
+    if spec.agent_env is None:
+        raise ValueError("the sandbox needs the agent's Python environment (SandboxSpec.agent_env)")
+    argv += _python_mounts(spec.agent_env)
     argv += [
         "--proc", "/proc",
         "--dev", "/dev",
