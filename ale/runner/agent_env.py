@@ -38,6 +38,7 @@ import stat
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from importlib import metadata
@@ -49,6 +50,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 import ale
+from ale.core.parse import ParseError, parse_json
 
 FORMAT = 1  # bump when the layout changes: a new digest, a new folder
 MOUNT_POINT = "/ale/python"
@@ -59,6 +61,9 @@ CLIENT_MODULES = ("ale.client", "ale.protocol", "ale.policy")
 SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 #: The project's own top-level packages: never visible to the agent except the modules above.
 PROJECT_PACKAGES = ("ale", "ale_evaluator", "ale_verify", "ale_site")
+#: CPython 3.11's parser is not safe to run in two threads at once ("AST constructor recursion
+#: depth mismatch"); runs in separate processes need no lock (their builds race by rename).
+_PARSE_LOCK = threading.Lock()
 STALE_BUILD_S = 24 * 3600  # a temporary build folder this old belongs to a crashed build
 UNUSED_ENV_S = 30 * 24 * 3600  # an environment no run has used for this long is removed
 
@@ -150,9 +155,9 @@ def interpreter() -> Interpreter:
         *_project_folders(),
     ]
     hidden = _fold(r for r in (os.path.realpath(c) for c in candidates) if os.path.isdir(r) and _under(r, visible))
-    for b in binds:
-        if _under(b, hidden):
-            raise AgentEnvError(f"the interpreter's {b} lies inside {next(h for h in hidden if _under(b, [h]))}")
+    for path in sorted(real):
+        if _under(path, hidden):
+            raise AgentEnvError(f"the interpreter's {path} lies inside {next(h for h in hidden if _under(path, [h]))}")
     return Interpreter(
         executable=executable, version=f"{sys.version_info[0]}.{sys.version_info[1]}", binds=binds, hidden=hidden
     )
@@ -218,6 +223,12 @@ def ale_closure(roots: Sequence[str]) -> tuple[dict[str, Path], set[str]]:
     package = _package_root()
     modules: dict[str, Path] = {}
     external: set[str] = set()
+    with _PARSE_LOCK:
+        _walk_imports(package, roots, modules, external)
+    return modules, external
+
+
+def _walk_imports(package: Path, roots: Sequence[str], modules: dict[str, Path], external: set[str]) -> None:
     for root in roots:
         if root.split(".")[0] != "ale" or _module_file(package, root) is None:
             raise AgentEnvError(f"{root!r} is not a module of the ale package")
@@ -235,7 +246,6 @@ def ale_closure(roots: Sequence[str]) -> tuple[dict[str, Path], set[str]]:
         todo.append(name.rpartition(".")[0])
         tree = ast.parse(path.read_bytes(), filename=str(path))
         todo.extend(_imports(tree, name, path.name == "__init__.py"))
-    return modules, external
 
 
 def _ale_files(modules: dict[str, Path]) -> list[tuple[str, Path]]:
@@ -377,11 +387,13 @@ def _dist_files(d: _Dist) -> Iterator[tuple[str, str, os.stat_result]]:
 
 
 def _editable(path: str) -> bool:
+    """Whether a distribution's ``direct_url.json`` (PEP 610) says it is an editable install."""
     try:
-        info = json.loads(Path(path).read_bytes())  # installer metadata on this host, not untrusted input
-    except (OSError, ValueError):
-        return False
-    return isinstance(info, dict) and isinstance(info.get("dir_info"), dict) and bool(info["dir_info"].get("editable"))
+        info = parse_json(Path(path).read_bytes(), what="direct_url.json")
+    except (OSError, ParseError):
+        return False  # unreadable: nothing says it is editable
+    dir_info = info.get("dir_info") if isinstance(info, dict) else None
+    return isinstance(dir_info, dict) and dir_info.get("editable") is True
 
 
 # --- the plan and its digest --------------------------------------------------------------------
@@ -471,10 +483,10 @@ def _build(p: _Plan, final: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".build-{p.digest[:16]}-", dir=final.parent))
     try:
         site_dir = tmp / _site_packages(p.interpreter.version)
-        for rel, src in p.dist_files:
-            _place(Path(src), site_dir / rel, link=True)
-        for rel, src in p.ale_files:
-            _place(src, site_dir / rel, link=False)
+        for rel, host in p.dist_files:
+            _place(Path(host), site_dir / rel, link=True)
+        for rel, source in p.ale_files:
+            _place(source, site_dir / rel, link=False)
         compileall.compile_dir(
             site_dir, quiet=2, ddir=f"{MOUNT_POINT}/{_site_packages(p.interpreter.version)}", workers=1
         )

@@ -66,8 +66,8 @@ def _python_mounts(env: AgentEnv) -> list[str]:
         argv += ["--ro-bind", bind, bind]
     for hidden in env.interpreter.hidden:
         argv += ["--ro-bind", str(env.empty), hidden]
-    parent = str(Path(PYTHON_PATH).parent)  # made here: bwrap would make a missing parent 0700
-    return [*argv, "--perms", "0755", "--dir", parent, "--ro-bind", str(env.root), PYTHON_PATH]
+    # The mount point's parent is made here: bwrap would make a missing one 0700.
+    return [*argv, "--perms", "0755", "--dir", str(Path(PYTHON_PATH).parent), "--ro-bind", str(env.root), PYTHON_PATH]
 
 
 def _parents(path: Path) -> list[Path]:

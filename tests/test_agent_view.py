@@ -1,0 +1,371 @@
+"""What an agent can read (docs/agent-contract.md, "What the agent can read"), from inside a real run.
+
+One real ``ale run`` (bubblewrap, a real evaluator, the CLI as a user runs it) with a custom
+``--agent-cmd`` agent that walks every path it can read (``os.walk`` from ``/``, no symlinks
+followed, every readable regular file up to 1 MiB; /proc, /sys and /dev left out) looking for
+marker strings taken from harness-only files: the release manifest's paper targets, the other
+tasks' papers, the bundled agents' source, the harness, the evaluator, the verifier, the
+checkout, the host's Python packages outside the client's closure, and files planted in the
+output folder, the working folder and the run folder's parent. The markers reach the agent
+hex-encoded, so its own command line never holds them. Two controls prove the walk would have
+found them: a line of its own task's paper and a line of the client library must be found.
+
+Then the bundled demo agent solves an interactive task through ``ale run`` in its environment
+(its own modules included, the policy script run by the sandbox's interpreter).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zstandard
+
+import ale
+from ale import catalog
+from ale.core.bundle import unpack
+from ale.runner import agent_env
+from ale.runner.inspect import read_identity
+
+TASK = "cartpole-balance"
+CHECKOUT = Path(__file__).resolve().parents[1]
+PACKAGE = Path(ale.__file__).resolve().parent
+REPORT_PREFIX = "ALE-VIEW-REPORT "
+WALK_CAP = 1 << 20
+MIN_MARKER = 40
+VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+WALKER = r"""
+import json, os, stat, sys
+
+MARKERS = {k: [bytes.fromhex(h) for h in v] for k, v in json.loads(bytes.fromhex(__MARKERS__)).items()}
+CAP = __CAP__
+SKIP = {"/proc", "/sys", "/dev"}
+hits = {k: [] for k in MARKERS}
+seen, files, nbytes, unreadable, read_under = set(), 0, 0, 0, set()
+for root, dirs, names in os.walk("/", onerror=lambda e: None):
+    dirs[:] = sorted(d for d in dirs if os.path.join(root, d) not in SKIP)
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        try:
+            with open(path, "rb") as fh:
+                data = fh.read(CAP)
+        except OSError:
+            unreadable += 1
+            continue
+        files += 1
+        nbytes += len(data)
+        read_under.add("/".join(path.split("/")[:3]))
+        for key, needles in MARKERS.items():
+            if len(hits[key]) < 5 and any(n in data for n in needles):
+                hits[key].append(path)
+
+imports = {}
+for module in ("ale.client", "ale.policy", "ale.protocol", "ale.runner", "ale.agents", "ale.core.release",
+               "ale_evaluator", "ale_verify", "trio", "mujoco", "quart"):
+    try:
+        __import__(module)
+        imports[module] = "ok"
+    except ImportError as exc:
+        imports[module] = type(exc).__name__
+
+from ale.client import AleEnvClient
+
+client = AleEnvClient(os.environ["ALE_EVALUATOR"])
+served = client.get_spec().task_id
+client.close()
+report = {"hits": hits, "files": files, "bytes": nbytes, "unreadable": unreadable, "read_under": sorted(read_under),
+          "imports": imports, "served": served, "executable": sys.executable, "prefix": sys.prefix, "path": sys.path}
+print(__PREFIX__ + json.dumps(report), flush=True)
+"""
+
+
+def _need_bwrap() -> None:
+    """Skip without bubblewrap on a developer's machine; fail in CI (ALE_SITE_TOOLS_REQUIRED=1, set by .ci/run)."""
+    reason = None
+    if shutil.which("bwrap") is None:
+        reason = "bubblewrap is not installed (apt-get install bubblewrap)"
+    else:
+        probe = subprocess.run(["bwrap", "--unshare-net", "--ro-bind", "/", "/", "--", "true"], capture_output=True)
+        if probe.returncode != 0:
+            reason = f"bwrap cannot create namespaces here: {probe.stderr!r}"
+    if reason is None:
+        return
+    if os.environ.get("ALE_SITE_TOOLS_REQUIRED") == "1":
+        pytest.fail(f"required in CI (ALE_SITE_TOOLS_REQUIRED=1): {reason}")
+    pytest.skip(reason)
+
+
+# --- the markers ------------------------------------------------------------------------------------
+
+
+def _longest_lines(path: Path, n: int, allowed: str) -> list[str]:
+    """The ``n`` longest distinct lines of a file (stripped, long enough, not comments: those repeat
+    across projects), none of which an allowed file holds."""
+    lines = {line.strip() for line in path.read_text(encoding="utf-8").splitlines()}
+    lines = {ln for ln in lines if len(ln) >= MIN_MARKER and not ln.startswith("#") and ln not in allowed}
+    fit = sorted(lines, key=lambda ln: (-len(ln), ln))
+    assert fit, f"{path} has no line to take a marker from"
+    return fit[:n]
+
+
+def _allowed_text() -> str:
+    """What the agent may read of the project: its task's files and the client library's modules."""
+    env = agent_env.ensure()
+    parts = [catalog.get_task(TASK).paper]
+    site = env.root / f"lib/python{env.interpreter.version}/site-packages"
+    parts += [p.read_text(encoding="utf-8") for p in (site / "ale").rglob("*.py*") if p.suffix in (".py", ".pyi")]
+    return "\n".join(parts)
+
+
+def _module_file(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None, f"{name} is not installed"
+    assert spec.origin, f"{name} has no file"
+    return Path(spec.origin)
+
+
+def forbidden_markers(planted: dict[str, Path]) -> dict[str, list[str]]:
+    """Marker strings of harness-only files, by what they stand for."""
+    allowed = _allowed_text()
+    markers: dict[str, list[str]] = {}
+    release = [
+        line.strip()
+        for path in sorted((PACKAGE / "releases").glob("*.json"))
+        for line in path.read_text().splitlines()
+        if '"paper_value"' in line
+    ]
+    assert release, "no paper targets found in ale/releases"
+    markers["release manifest (paper targets)"] = release
+    for _ref, task in sorted(catalog.tasks().items()):
+        if task.spec.id != TASK:
+            markers[f"another task's paper ({task.spec.id})"] = _longest_lines(
+                PACKAGE / "tasks" / task.spec.id / "paper.md", 1, allowed
+            )
+    markers["bundled agents (ale/agents)"] = [
+        m
+        for name in ("_lqr.py", "demo.py", "_hopper.py")
+        for m in _longest_lines(PACKAGE / "agents" / name, 1, allowed)
+    ]
+    markers["harness (ale/runner)"] = [
+        m
+        for name in ("harness.py", "sandbox.py", "agent_env.py", "cli.py")
+        for m in _longest_lines(PACKAGE / "runner" / name, 1, allowed)
+    ]
+    markers["harness-only core (ale/core)"] = [
+        m for name in ("release.py", "scoring.py") for m in _longest_lines(PACKAGE / "core" / name, 1, allowed)
+    ]
+    evaluator = _module_file("ale_evaluator").parent
+    markers["evaluator (ale_evaluator)"] = [
+        m for name in ("seeds.py", "service.py", "batch.py") for m in _longest_lines(evaluator / name, 1, allowed)
+    ]
+    markers["verifier (ale_verify)"] = _longest_lines(_module_file("ale_verify").parent / "pipeline.py", 1, allowed)
+    markers["the checkout"] = [
+        m
+        for name in ("pyproject.toml", "README.md", "Makefile", "tests/conftest.py")
+        for m in _longest_lines(CHECKOUT / name, 1, allowed)
+    ]
+    markers["host packages outside the client's closure"] = [
+        m
+        for package, name in (("trio", "_core/_run.py"), ("mujoco", "minimize.py"), ("quart", "app.py"))
+        for m in _longest_lines(_module_file(package).parent / name, 1, allowed)
+    ]
+    for what, path in planted.items():
+        markers[what] = [path.read_text()]
+    return markers
+
+
+def control_markers() -> dict[str, list[str]]:
+    """Strings the agent must find: proof that its walk reads the task folder and its environment."""
+    return {
+        "control: its own paper": _longest_lines(PACKAGE / "tasks" / TASK / "paper.md", 1, ""),
+        "control: the client library": _longest_lines(PACKAGE / "client" / "_remote.py", 1, ""),
+    }
+
+
+# --- one run ------------------------------------------------------------------------------------------
+
+
+def _ale(*args: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ale.runner.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _bundle_files(proc: subprocess.CompletedProcess[str]) -> dict[str, bytes]:
+    assert proc.returncode == 0, proc.stderr
+    bundle = Path(proc.stdout.strip().splitlines()[-1])
+    key = bundle.with_name(bundle.name.removesuffix(".ale") + ".key")
+    return unpack(bundle.read_bytes(), read_identity(key))
+
+
+def _events(files: dict[str, bytes]) -> list[dict[str, Any]]:
+    raw = zstandard.ZstdDecompressor().decompressobj().decompress(files["events.jsonl.zst"])
+    return [json.loads(line) for line in raw.splitlines()]
+
+
+class _Walk:
+    def __init__(self) -> None:
+        self.report: dict[str, Any] = {}
+        self.markers: dict[str, list[str]] = {}
+        self.controls: dict[str, list[str]] = {}
+        self.command = ""
+
+
+@pytest.fixture(scope="module")
+def walk() -> Iterator[_Walk]:
+    _need_bwrap()
+    result = _Walk()
+    base = Path(tempfile.mkdtemp(prefix="ale-view-"))
+    try:
+        out, cwd, tmp = base / "out", base / "cwd", base / "tmp"
+        planted = {}
+        for what, folder in (("the output folder", out), ("the working folder", cwd), ("the run folder's parent", tmp)):
+            folder.mkdir()
+            path = folder / "planted-marker.txt"
+            path.write_text(f"ale-view-marker-{secrets.token_hex(16)}")
+            path.chmod(0o644)
+            planted[what] = path
+        result.markers = forbidden_markers(planted)
+        result.controls = control_markers()
+        everything = {**result.markers, **result.controls}
+        encoded = json.dumps({k: [m.encode().hex() for m in v] for k, v in everything.items()}).encode().hex()
+        code = (
+            WALKER.replace("__MARKERS__", repr(encoded))
+            .replace("__CAP__", str(WALK_CAP))
+            .replace("__PREFIX__", repr(REPORT_PREFIX))
+        )
+        result.command = f"python3 -c {shlex.quote(code)}"
+        for marker in (m for ms in everything.values() for m in ms):
+            assert marker not in result.command, "the agent's command line holds a marker"
+        env = {k: v for k, v in os.environ.items() if k not in ("ALE_RECIPIENT", "CI")}
+        env["TMPDIR"] = str(tmp)
+        proc = _ale(
+            "run", TASK, "--plain", "--out", str(out), "--episodes", "1", "--agent-time", "600",
+            "--agent-cmd", result.command, cwd=cwd, env=env, timeout=900,
+        )  # fmt: skip
+        for event in _events(_bundle_files(proc)):
+            text = event["data"].get("text", "") if event["kind"] == "stdout" else ""
+            if text.startswith(REPORT_PREFIX):
+                result.report = json.loads(text[len(REPORT_PREFIX) :])
+        if not result.report:
+            pytest.fail(f"the walking agent printed no report:\n{proc.stderr}")
+        yield result
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# --- what it read --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_walk_read_every_tree_the_sandbox_shows(walk: _Walk) -> None:
+    report = walk.report
+    assert report["files"] > 10_000, report["files"]  # the system tree (/usr) was read, not just the task
+    under = set(report["read_under"])
+    env = agent_env.ensure()
+    expected = {"/usr/bin", "/usr/lib", "/task/paper.md", "/ale/python", "/etc/ld.so.cache"}
+    expected |= {"/".join(b.split("/")[:3]) for b in env.interpreter.binds}
+    assert expected <= under, expected - under
+
+
+@pytest.mark.slow
+def test_the_walk_finds_its_own_paper_and_the_client(walk: _Walk) -> None:
+    hits = walk.report["hits"]
+    assert hits["control: its own paper"] == ["/task/paper.md"]
+    site = f"{agent_env.MOUNT_POINT}/lib/python{VERSION}/site-packages"
+    assert hits["control: the client library"] == [f"{site}/ale/client/_remote.py"]
+
+
+@pytest.mark.slow
+def test_no_harness_only_file_is_readable_by_a_custom_agent(walk: _Walk) -> None:
+    """Not the release manifest, other tasks, the bundled agents, the harness, the evaluator, the
+    checkout, the output folder, the host's other packages: none of their markers is anywhere."""
+    hits = {what: walk.report["hits"][what] for what in walk.markers}
+    assert {what: paths for what, paths in hits.items() if paths} == {}
+    assert len(walk.markers) >= 12  # every group above was looked for
+
+
+@pytest.mark.slow
+def test_the_client_works_and_nothing_else_of_the_project_imports(walk: _Walk) -> None:
+    report = walk.report
+    assert report["served"] == TASK
+    assert report["executable"] == agent_env.PYTHON
+    assert report["prefix"] == agent_env.MOUNT_POINT
+    imports = report["imports"]
+    assert {m for m, r in imports.items() if r == "ok"} == {"ale.client", "ale.policy", "ale.protocol"}, imports
+    site_paths = [p for p in report["path"] if p.endswith("-packages")]
+    assert site_paths == [f"{agent_env.MOUNT_POINT}/lib/python{VERSION}/site-packages"]
+
+
+# --- the bundled demo agent ------------------------------------------------------------------------
+
+
+def test_bundled_demo_solves_an_interactive_task_through_ale_run(tmp_path: Path) -> None:
+    """pendulum-lqr: the demo identifies a model and leaves a policy script whose ``#!`` line is the
+    sandbox's interpreter; the official evaluation runs it in the sandbox and every episode passes."""
+    _need_bwrap()
+    env = {k: v for k, v in os.environ.items() if k not in ("ALE_RECIPIENT", "CI")}
+    proc = _ale(
+        "run", "pendulum-lqr", "--plain", "--out", str(tmp_path / "out"), "--episodes", "4",
+        cwd=tmp_path, env=env, timeout=600,
+    )  # fmt: skip
+    files = _bundle_files(proc)
+    results = json.loads(files["task_results.json"])
+    (task,) = results["tasks"]
+    assert task["status"] == "completed", task
+    assert task["result"]["passed_episodes"] == 4
+    events = _events(files)
+    agent_out = "\n".join(e["data"]["text"] for e in events if e["kind"] == "stdout")
+    assert "8/8 episodes kept the pole up" in agent_out, agent_out[-3000:]
+    (finished,) = [e for e in events if e["kind"] == "policy_finished"]
+    assert finished["data"]["exit_status"] == 0
+    manifest = json.loads(files["manifest.json"])
+    assert manifest["agent"]["command"][0] == agent_env.PYTHON
+
+
+def test_a_bundled_agents_environment_holds_its_own_modules_only() -> None:
+    demo = agent_env.ensure(("ale.agents.demo",))
+    random_agent = agent_env.ensure(("ale.agents.random_agent",))
+    client = agent_env.ensure()
+    agents = {m for m in demo.modules if m.startswith("ale.agents")}
+    assert {"ale.agents.demo", "ale.agents._lqr", "ale.agents._hopper", "ale.agents.random_agent"} <= agents
+    assert {m for m in random_agent.modules if m.startswith("ale.agents")} == {
+        "ale.agents",
+        "ale.agents._common",
+        "ale.agents.random_agent",
+    }
+    assert not any(m.startswith("ale.agents") for m in client.modules)
+    assert len({demo.digest, random_agent.digest, client.digest}) == 3
+    for env in (demo, random_agent, client):
+        assert not any(re.match(r"ale\.(runner|core\.(release|scoring|bundle))", m) for m in env.modules)
+        site = env.root / f"lib/python{env.interpreter.version}/site-packages"
+        on_disk = {p.relative_to(site).as_posix() for p in (site / "ale").rglob("*.py")}
+        assert on_disk == {
+            ("/".join(m.split(".")) + ("/__init__.py" if (PACKAGE.parent / m.replace(".", "/")).is_dir() else ".py"))
+            for m in env.modules
+        }
