@@ -8,6 +8,9 @@ Run: .venv/bin/python bench/harness_bench.py [--quick] [--out bench/results/harn
 2. Harness overhead: ``ale run cartpole-balance`` with an agent that writes its policy and exits
    at once; overhead = run wall time - agent phase - official evaluation (both read back from
    the trajectory's harness events). Median of several runs.
+3. The agent's Python environment (ale/runner/agent_env.py): its first build on a machine
+   (a fresh cache folder: once per machine and content) and the per-run cost once it is cached
+   (the digest and a lookup), which is part of the overhead above.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ def _span(events: list[dict], start: str, end: str) -> float:
 
 def bench_overhead(runs: int, episodes: int) -> dict:
     samples = []
-    python = str(Path(sys.prefix) / "bin" / "python")
+    from ale.runner.agent_env import PYTHON as python  # the sandbox's own interpreter
+
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as out:
             started = time.perf_counter()
@@ -124,6 +128,36 @@ def bench_overhead(runs: int, episodes: int) -> dict:
             "overhead_fraction_of_wall": med["overhead_s"] / med["wall_s"]}  # fmt: skip
 
 
+def bench_agent_env(builds: int, lookups: int) -> dict:
+    """The agent environment's first build (into a fresh cache folder) and its warm per-run cost."""
+    import shutil
+
+    from ale.runner import agent_env
+
+    cold = []
+    for _ in range(builds):
+        cache = Path(tempfile.mkdtemp(prefix="ale-bench-env-"))
+        try:
+            started = time.perf_counter()
+            env = agent_env.ensure(cache_dir=cache / "agent-env")
+            cold.append(time.perf_counter() - started)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    agent_env.ensure()  # the default cache, as `ale run` uses it
+    warm = []
+    for _ in range(lookups):
+        started = time.perf_counter()
+        agent_env.ensure()
+        warm.append(time.perf_counter() - started)
+    return {
+        "first_build_median_s": statistics.median(cold),
+        "warm_ensure_median_s": statistics.median(warm),
+        "warm_ensure_min_s": min(warm),
+        "files": len(agent_env.plan().dist_files),
+        "distributions": list(env.distributions),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
@@ -132,6 +166,7 @@ def main() -> None:
     n, rounds, runs = (5_000, 1, 1) if args.quick else (50_000, 3, 3)
     recording = bench_recording(n, rounds)
     overhead = bench_overhead(runs, episodes=5)
+    env = bench_agent_env(1 if args.quick else 3, 5 if args.quick else 20)
     print(f"trajectory recording ({n} events, median of {rounds}):")
     print(f"  chained (RFC 8785 + SHA-256 chain + writer thread): {recording['chained_events_per_s']:,.0f} events/s")
     print(f"  plain json.dumps lines (floor):                     {recording['plain_json_events_per_s']:,.0f} events/s")
@@ -142,6 +177,10 @@ def main() -> None:
     share = overhead["overhead_fraction_of_wall"]
     print(f"  wall {m['wall_s']:.2f} s = agent {m['agent_s']:.2f} s + official evaluation {m['official_s']:.2f} s")
     print(f"  + harness overhead {m['overhead_s']:.2f} s ({share:.0%} of wall)")
+    print(f"agent environment ({env['files']} distribution files, {len(env['distributions'])} distributions):")
+    print(f"  first build on a machine: {env['first_build_median_s']:.2f} s (median of {1 if args.quick else 3})")
+    warm, ratio = env["warm_ensure_median_s"], env["warm_ensure_median_s"] / m["overhead_s"]
+    print(f"  per run once cached: {warm * 1000:.0f} ms ({ratio:.0%} of the harness overhead)")
     result = {
         "benchmark": "harness",
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -149,6 +188,7 @@ def main() -> None:
         "quick": args.quick,
         "recording": recording,
         "overhead": overhead,
+        "agent_env": env,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -482,3 +483,14 @@ def test_closures_in_many_threads_at_once_do_not_break_the_parser() -> None:
         gc.set_threshold(*thresholds)
         gc.collect()
     assert errors == []
+
+
+def test_the_contract_lists_the_environments_distributions_and_modules() -> None:
+    """docs/agent-contract.md names what the environment holds: it must say what the code builds."""
+    text = " ".join((PACKAGE.parent / "docs" / "agent-contract.md").read_text().split())
+    listed = re.search(r"installed: today (.*?)\. No `pip`", text)
+    assert listed, "the contract's list of distributions is gone"
+    names = {n.lower().replace("_", "-") for n in re.findall(r"`([A-Za-z0-9_.-]+)`", listed.group(1))}
+    assert names - {"mujoco"} == _names(agent_env.plan())
+    for module in CLIENT_MODULES - {"ale.client._remote", "ale.env", "ale.env.v1.env_pb2", "ale.env.v1.env_pb2_grpc"}:
+        assert f"`{module}`" in text, module
