@@ -1,22 +1,28 @@
-"""What an agent can read (docs/agent-contract.md, "What the agent can read"), from inside a real run.
+"""What an agent can read (docs/agent-contract.md, "What the agent can read"), from inside real runs.
 
-One real ``ale run`` (bubblewrap, a real evaluator, the CLI as a user runs it) with a custom
-``--agent-cmd`` agent that walks every path it can read (``os.walk`` from ``/``, no symlinks
-followed, every readable regular file up to 1 MiB; /proc, /sys and /dev left out) looking for
-marker strings taken from harness-only files: the release manifest's paper targets, the other
-tasks' papers, the bundled agents' source, the harness, the evaluator, the verifier, the
-checkout, the host's Python packages outside the client's closure, and files planted in the
-output folder, the working folder and the run folder's parent. The markers reach the agent
-hex-encoded, so its own command line never holds them. Two controls prove the walk would have
-found them: a line of its own task's paper and a line of the client library must be found.
+An agent walks every path it can read (``os.walk`` from ``/``, no symlinks followed, every
+readable regular file up to 1 MiB; /proc, /sys and /dev left out) and looks for two kinds of
+needles from the harness-only files on the host:
 
-Then the bundled demo agent solves an interactive task through ``ale run`` in its environment
-(its own modules included, the policy script run by the sandbox's interpreter).
+* marker strings: lines of the release manifests (the paper targets), of the other tasks'
+  papers, the bundled agents, the harness, the evaluator, the verifier, the checkout and host
+  packages outside the client's closure, and random strings planted in the output folder, the
+  working folder and the run folder's parent (they reach the agent hex-encoded, so its own
+  command line never holds them);
+* whole files: every harness-only file of the project (64 bytes or more) by size and SHA-256.
+
+It finds none, while controls prove the walk would have: a line of its own paper and of the
+client library (and of the bundled agents, for a bundled agent) are found. Two agents walk: a
+custom ``--agent-cmd`` one through the ``ale`` CLI, and one that runs as a bundled agent would
+(its environment holds the demo's modules) through the harness. Then the bundled demo agent
+solves an interactive task through ``ale run`` (its policy script run by the sandbox's python).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import io
 import json
 import os
 import re
@@ -31,13 +37,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 import zstandard
 
 import ale
 from ale import catalog
 from ale.core.bundle import unpack
 from ale.runner import agent_env
+from ale.runner.harness import AgentSpec, Harness, RunOptions
 from ale.runner.inspect import read_identity
+from ale.runner.local import LocalRuntime
+from ale.runner.progress import PlainProgress
 
 TASK = "cartpole-balance"
 CHECKOUT = Path(__file__).resolve().parents[1]
@@ -48,12 +58,15 @@ MIN_MARKER = 40
 VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
 WALKER = r"""
-import json, os, stat, sys
+import hashlib, json, os, stat, sys
 
 MARKERS = {k: [bytes.fromhex(h) for h in v] for k, v in json.loads(bytes.fromhex(__MARKERS__)).items()}
+FILES = {(size, digest): name for name, size, digest in __FILES__}
+SIZES = {size for size, _ in FILES}
 CAP = __CAP__
 SKIP = {"/proc", "/sys", "/dev"}
 hits = {k: [] for k in MARKERS}
+whole_files = []
 seen, files, nbytes, unreadable, read_under = set(), 0, 0, 0, set()
 for root, dirs, names in os.walk("/", onerror=lambda e: None):
     dirs[:] = sorted(d for d in dirs if os.path.join(root, d) not in SKIP)
@@ -78,9 +91,13 @@ for root, dirs, names in os.walk("/", onerror=lambda e: None):
         for key, needles in MARKERS.items():
             if len(hits[key]) < 5 and any(n in data for n in needles):
                 hits[key].append(path)
+        if st.st_size in SIZES and st.st_size <= CAP:
+            name = FILES.get((st.st_size, hashlib.sha256(data).hexdigest()))
+            if name is not None:
+                whole_files.append([path, name])
 
 imports = {}
-for module in ("ale.client", "ale.policy", "ale.protocol", "ale.runner", "ale.agents", "ale.core.release",
+for module in ("ale.client", "ale.policy", "ale.protocol", "ale.runner", "ale.agents.demo", "ale.core.release",
                "ale_evaluator", "ale_verify", "trio", "mujoco", "quart"):
     try:
         __import__(module)
@@ -93,8 +110,9 @@ from ale.client import AleEnvClient
 client = AleEnvClient(os.environ["ALE_EVALUATOR"])
 served = client.get_spec().task_id
 client.close()
-report = {"hits": hits, "files": files, "bytes": nbytes, "unreadable": unreadable, "read_under": sorted(read_under),
-          "imports": imports, "served": served, "executable": sys.executable, "prefix": sys.prefix, "path": sys.path}
+report = {"hits": hits, "whole_files": whole_files[:20], "files": files, "bytes": nbytes, "unreadable": unreadable,
+          "read_under": sorted(read_under), "imports": imports, "served": served, "executable": sys.executable,
+          "prefix": sys.prefix, "path": sys.path}
 print(__PREFIX__ + json.dumps(report), flush=True)
 """
 
@@ -144,7 +162,7 @@ def _module_file(name: str) -> Path:
     return Path(spec.origin)
 
 
-def forbidden_markers(planted: dict[str, Path]) -> dict[str, list[str]]:
+def forbidden_markers(planted: dict[str, Path], *, bundled: bool) -> dict[str, list[str]]:
     """Marker strings of harness-only files, by what they stand for."""
     allowed = _allowed_text()
     markers: dict[str, list[str]] = {}
@@ -161,11 +179,8 @@ def forbidden_markers(planted: dict[str, Path]) -> dict[str, list[str]]:
             markers[f"another task's paper ({task.spec.id})"] = _longest_lines(
                 PACKAGE / "tasks" / task.spec.id / "paper.md", 1, allowed
             )
-    markers["bundled agents (ale/agents)"] = [
-        m
-        for name in ("_lqr.py", "demo.py", "_hopper.py")
-        for m in _longest_lines(PACKAGE / "agents" / name, 1, allowed)
-    ]
+    if not bundled:
+        markers["bundled agents (ale/agents)"] = _agent_markers(allowed)
     markers["harness (ale/runner)"] = [
         m
         for name in ("harness.py", "sandbox.py", "agent_env.py", "cli.py")
@@ -194,15 +209,46 @@ def forbidden_markers(planted: dict[str, Path]) -> dict[str, list[str]]:
     return markers
 
 
-def control_markers() -> dict[str, list[str]]:
+def _agent_markers(allowed: str) -> list[str]:
+    return [
+        m
+        for name in ("_lqr.py", "demo.py", "_hopper.py")
+        for m in _longest_lines(PACKAGE / "agents" / name, 1, allowed)
+    ]
+
+
+def control_markers(*, bundled: bool) -> dict[str, list[str]]:
     """Strings the agent must find: proof that its walk reads the task folder and its environment."""
-    return {
+    controls = {
         "control: its own paper": _longest_lines(PACKAGE / "tasks" / TASK / "paper.md", 1, ""),
         "control: the client library": _longest_lines(PACKAGE / "client" / "_remote.py", 1, ""),
     }
+    if bundled:
+        controls["control: its own bundled agent's code"] = _agent_markers("")
+    return controls
 
 
-# --- one run ------------------------------------------------------------------------------------------
+def harness_only_files(*, bundled: bool) -> list[tuple[str, int, str]]:
+    """(name, size, sha256) of every harness-only file of the project of 64 bytes or more: the
+    package's folders and modules outside the client's closure (the bundled agents unless the
+    agent is one), the other packages of the distribution, the checkout's own files."""
+    in_package = [PACKAGE / n for n in ("releases", "runner", "schemas", "catalog.py")]
+    in_package += [p for p in (PACKAGE / "tasks").iterdir() if p.name != TASK]  # its own paper is its to read
+    in_package += [p for p in (PACKAGE / "core").iterdir() if p.name not in ("__init__.py", "parse.py")]
+    if not bundled:
+        in_package.append(PACKAGE / "agents")
+    packages = [_module_file(n).parent for n in ("ale_evaluator", "ale_verify", "ale_site")]
+    checkout = [CHECKOUT / n for n in ("README.md", "pyproject.toml", "Makefile", "docs", "tests", "proto", "bench")]
+    found = []
+    for root in [*in_package, *packages, *checkout]:
+        for path in [root] if root.is_file() else sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.stat().st_size >= 64:
+                data = path.read_bytes()
+                found.append((str(path), len(data), hashlib.sha256(data).hexdigest()))
+    return found
+
+
+# --- the runs -------------------------------------------------------------------------------------------
 
 
 def _ale(*args: str, cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
@@ -228,52 +274,105 @@ def _events(files: dict[str, bytes]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in raw.splitlines()]
 
 
+def _report(texts: Iterator[str]) -> dict[str, Any]:
+    for text in texts:
+        if text.startswith(REPORT_PREFIX):
+            return dict(json.loads(text[len(REPORT_PREFIX) :]))
+    return {}
+
+
 class _Walk:
-    def __init__(self) -> None:
+    def __init__(self, bundled: bool) -> None:
+        self.bundled = bundled
         self.report: dict[str, Any] = {}
         self.markers: dict[str, list[str]] = {}
         self.controls: dict[str, list[str]] = {}
-        self.command = ""
+        self.files: list[tuple[str, int, str]] = []
 
 
-@pytest.fixture(scope="module")
-def walk() -> Iterator[_Walk]:
-    _need_bwrap()
-    result = _Walk()
-    base = Path(tempfile.mkdtemp(prefix="ale-view-"))
+def _walker_code(walk: _Walk) -> str:
+    everything = {**walk.markers, **walk.controls}
+    encoded = json.dumps({k: [m.encode().hex() for m in v] for k, v in everything.items()}).encode().hex()
+    code = (
+        WALKER.replace("__MARKERS__", repr(encoded))
+        .replace("__FILES__", repr([list(f) for f in walk.files]))
+        .replace("__CAP__", str(WALK_CAP))
+        .replace("__PREFIX__", repr(REPORT_PREFIX))
+    )
+    for marker in (m for ms in everything.values() for m in ms):
+        assert marker not in code, "the agent's command line holds a marker"
+    return code
+
+
+def _walk_as_custom_agent(walk: _Walk, base: Path) -> None:
+    """``ale run --agent-cmd`` as a user runs it, with markers planted in its folders."""
+    out, cwd, tmp = base / "out", base / "cwd", base / "tmp"
+    planted = {}
+    for what, folder in (("the output folder", out), ("the working folder", cwd), ("the run folder's parent", tmp)):
+        folder.mkdir()
+        path = folder / "planted-marker.txt"
+        path.write_text(f"ale-view-marker-{secrets.token_hex(16)}")
+        path.chmod(0o644)
+        planted[what] = path
+    walk.markers = forbidden_markers(planted, bundled=False)
+    command = f"python3 -c {shlex.quote(_walker_code(walk))}"
+    env = {k: v for k, v in os.environ.items() if k not in ("ALE_RECIPIENT", "CI")}
+    env["TMPDIR"] = str(tmp)
+    proc = _ale(
+        "run", TASK, "--plain", "--out", str(out), "--episodes", "1", "--agent-time", "600",
+        "--agent-cmd", command, cwd=cwd, env=env, timeout=900,
+    )  # fmt: skip
+    events = _events(_bundle_files(proc))
+    walk.report = _report(e["data"].get("text", "") for e in events if e["kind"] == "stdout")
+    if not walk.report:
+        pytest.fail(f"the walking agent printed no report:\n{proc.stderr}")
+
+
+def _walk_as_bundled_agent(walk: _Walk, base: Path) -> None:
+    """The harness runs the walker with a bundled agent's environment (the demo's modules in it)."""
+    run_parent = base / "runs"
+    run_parent.mkdir()
+    planted = run_parent / "planted-marker.txt"
+    planted.write_text(f"ale-view-marker-{secrets.token_hex(16)}")
+    planted.chmod(0o644)
+    walk.markers = forbidden_markers({"the run folder's parent": planted}, bundled=True)
+    release, sha = catalog.release()
+    options = RunOptions(
+        tasks=(TASK,),
+        agent=AgentSpec(
+            name="walker-as-demo",
+            command=(agent_env.PYTHON, "-c", _walker_code(walk)),
+            modules=("ale.agents.demo",),
+        ),
+        release=release,
+        release_sha256=sha,
+        release_name=release.release,
+        episodes=1,
+        agent_time_s=600,
+        workdir=run_parent,
+    )
+    record = trio.run(Harness(options, LocalRuntime(), PlainProgress(out=io.StringIO())).run)
     try:
-        out, cwd, tmp = base / "out", base / "cwd", base / "tmp"
-        planted = {}
-        for what, folder in (("the output folder", out), ("the working folder", cwd), ("the run folder's parent", tmp)):
-            folder.mkdir()
-            path = folder / "planted-marker.txt"
-            path.write_text(f"ale-view-marker-{secrets.token_hex(16)}")
-            path.chmod(0o644)
-            planted[what] = path
-        result.markers = forbidden_markers(planted)
-        result.controls = control_markers()
-        everything = {**result.markers, **result.controls}
-        encoded = json.dumps({k: [m.encode().hex() for m in v] for k, v in everything.items()}).encode().hex()
-        code = (
-            WALKER.replace("__MARKERS__", repr(encoded))
-            .replace("__CAP__", str(WALK_CAP))
-            .replace("__PREFIX__", repr(REPORT_PREFIX))
-        )
-        result.command = f"python3 -c {shlex.quote(code)}"
-        for marker in (m for ms in everything.values() for m in ms):
-            assert marker not in result.command, "the agent's command line holds a marker"
-        env = {k: v for k, v in os.environ.items() if k not in ("ALE_RECIPIENT", "CI")}
-        env["TMPDIR"] = str(tmp)
-        proc = _ale(
-            "run", TASK, "--plain", "--out", str(out), "--episodes", "1", "--agent-time", "600",
-            "--agent-cmd", result.command, cwd=cwd, env=env, timeout=900,
-        )  # fmt: skip
-        for event in _events(_bundle_files(proc)):
-            text = event["data"].get("text", "") if event["kind"] == "stdout" else ""
-            if text.startswith(REPORT_PREFIX):
-                result.report = json.loads(text[len(REPORT_PREFIX) :])
-        if not result.report:
-            pytest.fail(f"the walking agent printed no report:\n{proc.stderr}")
+        lines = record.trajectory.read_text(encoding="utf-8").splitlines()
+    finally:
+        shutil.rmtree(record.root, ignore_errors=True)
+    events = [json.loads(line) for line in lines]
+    walk.report = _report(e["data"].get("text", "") for e in events if e["kind"] == "stdout")
+    if not walk.report:
+        pytest.fail(f"the walking agent printed no report: {[e['data'] for e in events][-20:]}")
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["custom-agent-cmd", "as-bundled-agent"])
+def walk(request: pytest.FixtureRequest) -> Iterator[_Walk]:
+    _need_bwrap()
+    result = _Walk(bundled=request.param)
+    result.controls = control_markers(bundled=result.bundled)
+    result.files = harness_only_files(bundled=result.bundled)
+    assert any("/releases/" in name for name, _, _ in result.files), "nothing to look for"
+    base = Path(tempfile.mkdtemp(prefix="ale-view-"))
+    base.chmod(0o755)
+    try:
+        (_walk_as_bundled_agent if result.bundled else _walk_as_custom_agent)(result, base)
         yield result
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -299,15 +398,22 @@ def test_the_walk_finds_its_own_paper_and_the_client(walk: _Walk) -> None:
     assert hits["control: its own paper"] == ["/task/paper.md"]
     site = f"{agent_env.MOUNT_POINT}/lib/python{VERSION}/site-packages"
     assert hits["control: the client library"] == [f"{site}/ale/client/_remote.py"]
+    if walk.bundled:
+        assert sorted(hits["control: its own bundled agent's code"]) == [
+            f"{site}/ale/agents/{name}" for name in ("_hopper.py", "_lqr.py", "demo.py")
+        ]
 
 
 @pytest.mark.slow
-def test_no_harness_only_file_is_readable_by_a_custom_agent(walk: _Walk) -> None:
-    """Not the release manifest, other tasks, the bundled agents, the harness, the evaluator, the
-    checkout, the output folder, the host's other packages: none of their markers is anywhere."""
+def test_no_harness_only_file_is_readable(walk: _Walk) -> None:
+    """Not the release manifest, other tasks, the bundled agents (unless it is one), the harness,
+    the evaluator, the checkout, the output folder, the host's other packages: none of their
+    markers is anywhere, and no file the agent can read is one of the project's harness-only files."""
     hits = {what: walk.report["hits"][what] for what in walk.markers}
     assert {what: paths for what, paths in hits.items() if paths} == {}
-    assert len(walk.markers) >= 12  # every group above was looked for
+    assert walk.report["whole_files"] == []
+    assert len(walk.markers) >= (10 if walk.bundled else 14)  # every group above was looked for
+    assert len(walk.files) > 100
 
 
 @pytest.mark.slow
@@ -317,7 +423,8 @@ def test_the_client_works_and_nothing_else_of_the_project_imports(walk: _Walk) -
     assert report["executable"] == agent_env.PYTHON
     assert report["prefix"] == agent_env.MOUNT_POINT
     imports = report["imports"]
-    assert {m for m, r in imports.items() if r == "ok"} == {"ale.client", "ale.policy", "ale.protocol"}, imports
+    expected = {"ale.client", "ale.policy", "ale.protocol"} | ({"ale.agents.demo"} if walk.bundled else set())
+    assert {m for m, r in imports.items() if r == "ok"} == expected, imports
     site_paths = [p for p in report["path"] if p.endswith("-packages")]
     assert site_paths == [f"{agent_env.MOUNT_POINT}/lib/python{VERSION}/site-packages"]
 
