@@ -3,6 +3,8 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TASK ?= cartpole-balance
+# mypy on all four import roots (pyproject's [tool.mypy]), errors at the real files' paths
+MYPY := $(BIN)/python import-roots/mypy_real_paths.py
 
 .PHONY: help install run demo test lint typecheck proto bench clean
 
@@ -19,7 +21,9 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed  ## create .venv and install the project with its dev tools
 
-run: install  ## the main job: `ale run TASK` with the bundled demo agent; prints the bundle's path
+run:  ## the main job: `ale run TASK` with the bundled demo agent; prints the bundle's path
+	@sh scripts/preflight.sh $(PY)
+	@$(MAKE) --no-print-directory install
 	$(BIN)/ale run $(TASK) --out out
 
 demo: install  ## the evaluator alone: serve TASK and drive it with the gym client
@@ -28,14 +32,14 @@ demo: install  ## the evaluator alone: serve TASK and drive it with the gym clie
 test: install  ## the whole test suite, lint and type checks included
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy
+	$(MYPY)
 	$(BIN)/pytest
 
 lint: install  ## ruff only
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-typecheck: install  ## mypy only
-	$(BIN)/mypy
+typecheck: install  ## mypy strict on ale, ale_evaluator, ale_verify, ale_site
+	$(MYPY)
 
 proto: install  ## regenerate ale/env/v1 from proto/ (tests fail when it is stale)
 	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. --pyi_out=. proto/ale/env/v1/env.proto

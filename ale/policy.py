@@ -18,7 +18,13 @@ Layer ``k`` computes ``activation(W_k @ x + b_k)`` with ``W_k`` of shape
 ``[out, in]``. A linear policy is one layer with ``"identity"``. Box outputs
 are clipped to the action bounds (``clip``) or mapped into them with
 ``low + (tanh(y) + 1) / 2 * (high - low)`` (``tanh``); a discrete output is
-the arg-max (first on ties) plus the space's ``start``.
+the arg-max (first on ties) plus the space's ``start``. An output that is not finite (NaN or
+infinity, before any clipping, squashing or arg-max) raises :class:`PolicyOutputError`: the
+evaluator aborts that episode with ``policy_error``, whatever the output kind.
+
+The header and the architecture are untrusted JSON: both are read with the project's bounded
+parser (``ale.core.parse.parse_json``) and every refusal is a :class:`PolicyError` whose message
+echoes the artifact's values only through ``ale.protocol.echo``.
 """
 
 from __future__ import annotations
@@ -27,13 +33,15 @@ import json
 import math
 import struct
 from collections.abc import Mapping, Sequence
+from math import isfinite
 from typing import Any, Literal
 
 import attrs
 import numpy as np
 import safetensors.numpy
 
-from ale.core.parse import ParseError, structure
+from ale.core.parse import ParseError, parse_json, structure
+from ale.protocol import cut, echo
 
 POLICY_FORMAT = "ale-policy/v1"
 METADATA_KEY = "ale-policy"
@@ -41,12 +49,22 @@ MAX_POLICY_BYTES = 8 * 1024 * 1024
 MAX_LAYERS = 8
 MAX_WIDTH = 1024
 MAX_PARAMETERS = 2_000_000
+#: The safetensors header and the architecture JSON: at most 1 MiB each, nested at most 8 deep
+#: (a valid header is 3 levels, ``{"name": {"shape": [...]}}``; an architecture is 3).
+MAX_HEADER_BYTES = 1 << 20
+MAX_JSON_DEPTH = 8
+#: A parser's message can quote the artifact (a bad value, say): it is cut to this many characters.
+MAX_REASON_CHARS = 400
 
 Activation = Literal["identity", "tanh", "relu"]
 
 
 class PolicyError(ValueError):
     """An artifact that is not a valid ale-policy/v1 policy; the text says why."""
+
+
+class PolicyOutputError(PolicyError):
+    """The network's output for an observation is not finite (NaN or infinity)."""
 
 
 @attrs.frozen
@@ -138,8 +156,13 @@ class Policy:
     def act(
         self, obs: np.ndarray, low: np.ndarray | None = None, high: np.ndarray | None = None, start: int = 0
     ) -> np.ndarray:
-        """Actions for a batch of observations; ``low``/``high`` bound box outputs."""
+        """Actions for a batch of observations; ``low``/``high`` bound box outputs.
+
+        Raises :class:`PolicyOutputError` if any raw output is NaN or infinite, before clipping,
+        squashing or the arg-max could hide it."""
         y = self.forward(obs)
+        if not all(map(isfinite, y.ravel().tolist())):  # math.isfinite: far cheaper than numpy on a few floats
+            raise PolicyOutputError("the policy's output is not finite (NaN or infinity)")
         if self._discrete:
             return np.asarray(y.argmax(axis=-1) + start, dtype=np.int64)
         if low is None or high is None:
@@ -150,50 +173,66 @@ class Policy:
         return np.asarray(np.clip(y, low, high))
 
 
-def _read_metadata(raw: bytes) -> dict[str, str]:
+def _read_architecture(raw: bytes) -> str:
+    """The ``__metadata__["ale-policy"]`` string of a safetensors file, header checked."""
     if len(raw) < 8:
         raise PolicyError("too short to be a safetensors file")
     (header_len,) = struct.unpack("<Q", raw[:8])
-    if header_len > min(len(raw) - 8, 1 << 20):
+    if header_len > min(len(raw) - 8, MAX_HEADER_BYTES):
         raise PolicyError("safetensors header length is out of range")
     try:
-        header = json.loads(raw[8 : 8 + header_len])
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise PolicyError("safetensors header is not JSON") from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict) or METADATA_KEY not in meta:
+        header = parse_json(
+            raw[8 : 8 + header_len], what="safetensors header", max_bytes=MAX_HEADER_BYTES, max_depth=MAX_JSON_DEPTH
+        )
+    except ParseError as exc:
+        raise PolicyError(cut(str(exc), MAX_REASON_CHARS)) from None
+    if not isinstance(header, dict):
+        raise PolicyError("safetensors header is not a JSON object")
+    meta = header.get("__metadata__")
+    if not isinstance(meta, dict):
         raise PolicyError(f"no {METADATA_KEY!r} entry in the safetensors __metadata__")
-    return meta
+    if METADATA_KEY not in meta:
+        raise PolicyError(f"no {METADATA_KEY!r} entry in the safetensors __metadata__")
+    arch = meta[METADATA_KEY]
+    if not isinstance(arch, str):
+        raise PolicyError(
+            f"__metadata__[{METADATA_KEY!r}] is a JSON {_json_type(arch)}; it must be a string holding the architecture"
+        )
+    return arch
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 def load_policy(raw: bytes, *, max_bytes: int = MAX_POLICY_BYTES) -> Policy:
     """Parse and check an artifact; raise PolicyError with the reason on anything wrong."""
     if len(raw) > max_bytes:
         raise PolicyError(f"policy artifact is {len(raw)} bytes; the limit is {max_bytes}")
-    meta = _read_metadata(raw)
+    text = _read_architecture(raw)
     try:
-        arch = structure(json.loads(meta[METADATA_KEY]), Architecture, what="policy architecture")
-    except json.JSONDecodeError:
-        raise PolicyError("policy architecture is not JSON") from None
+        value = parse_json(text, what="policy architecture", max_bytes=MAX_HEADER_BYTES, max_depth=MAX_JSON_DEPTH)
+        arch = structure(value, Architecture, what="policy architecture")
     except ParseError as exc:
-        raise PolicyError(str(exc)) from None
+        raise PolicyError(cut(str(exc), MAX_REASON_CHARS)) from None
     try:
         tensors = safetensors.numpy.load(raw)
     except Exception as exc:  # the library raises several types for a corrupt file
-        raise PolicyError(f"not a valid safetensors file: {exc}") from None
+        raise PolicyError(f"not a valid safetensors file: {echo(str(exc), 200)}") from None
     return _build(arch, tensors)
 
 
 def _tensor(tensors: Mapping[str, np.ndarray], name: str, ndim: int) -> np.ndarray:
     if name not in tensors:
-        raise PolicyError(f"tensor {name!r} is named in the architecture but missing")
+        raise PolicyError(f"tensor {echo(name)} is named in the architecture but missing")
     t = tensors[name]
     if t.dtype not in (np.float32, np.float64):
-        raise PolicyError(f"tensor {name!r} is {t.dtype}; only float32 and float64 are allowed")
+        raise PolicyError(f"tensor {echo(name)} is {t.dtype}; only float32 and float64 are allowed")
     if t.ndim != ndim:
-        raise PolicyError(f"tensor {name!r} has {t.ndim} dimensions, expected {ndim}")
+        raise PolicyError(f"tensor {echo(name)} has {t.ndim} dimensions, expected {ndim}")
     if not np.all(np.isfinite(t)):
-        raise PolicyError(f"tensor {name!r} holds NaN or infinity")
+        raise PolicyError(f"tensor {echo(name)} holds NaN or infinity")
     return t.astype(np.float64)
 
 
@@ -235,7 +274,8 @@ def _build(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> Policy:
         used |= {arch.normalizer.mean, arch.normalizer.std}
     extra = sorted(set(tensors) - used)
     if extra:
-        raise PolicyError(f"tensors not used by the architecture: {', '.join(extra[:5])}")
+        shown = ", ".join(echo(name) for name in extra[:5])
+        raise PolicyError(f"{len(extra)} tensors not used by the architecture: {shown}")
     return Policy(architecture=arch, weights=tuple(layers), mean=mean, std=std)
 
 

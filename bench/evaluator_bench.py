@@ -156,6 +156,9 @@ class Evaluator:
                     str(self.agent_socket),
                     "--harness-socket",
                     str(self.harness_socket),
+                    # A bench steps far past any task's budget; the steps are still counted.
+                    "--env-step-budget",
+                    "none",
                     *self.extra,
                 ],
                 stdin=subprocess.DEVNULL,
@@ -362,9 +365,8 @@ def draw_actions(space: Any, n: int, rng: np.random.Generator, k: int | None = N
 
 def bench_policy(task: Any) -> tuple[bytes, str]:
     """A linear policy artifact that runs long episodes on the task (a trained policy would)."""
-    from ale_evaluator.envs import make_env
-
     from ale.policy import linear_policy
+    from ale_evaluator.envs import make_env
 
     env = make_env(task)
     obs_dim, space = int(env.observation_space.shape[0]), env.action_space
@@ -387,10 +389,10 @@ def bench_policy(task: Any) -> tuple[bytes, str]:
 def batch_in_process(task: Any, raw: bytes, episodes: int, seed: int, *, meter: bool) -> dict[str, Any]:
     """The same policy rolled out in-process on the same seeds (optionally with the domain meter)."""
     import gymnasium as gym
-    from ale_evaluator.domains import DOMAINS
-    from ale_evaluator.envs import make_env
 
     from ale.policy import load_policy
+    from ale_evaluator.domains import DOMAINS
+    from ale_evaluator.envs import make_env
 
     t0 = perf()
     policy = load_policy(raw)
@@ -490,12 +492,12 @@ def summarise(rounds: list[dict[str, Any]], key: str) -> dict[str, Any]:
 
 def bench_task(task_id: str, ev: Evaluator, args: argparse.Namespace) -> dict[str, Any]:
     import gymnasium as gym
-    from ale_evaluator.envs import make_env
     from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
     from ale import catalog
     from ale.client import AleEnvClient, RemoteEnv, RemoteVectorEnv
+    from ale_evaluator.envs import make_env
 
     task = catalog.get_task(task_id)
     rng = np.random.default_rng(12345)

@@ -2,13 +2,15 @@
 
 Run: .venv/bin/python bench/harness_bench.py [--quick] [--out bench/results/harness.json]
 
-1. Trajectory recording: events/s through the real Recorder (RFC 8785 canonical JSON, SHA-256
+1. Trajectory recording: events/s through the real Recorder (caps, grammar, RFC 8785 canonical JSON, SHA-256
    chain, writer thread), side by side with the floor of writing the same events as plain
    ``json.dumps`` lines, in one run. Ratio = chained / plain.
 2. Harness overhead: ``ale run cartpole-balance`` with an agent that writes its policy and exits
    at once; overhead = run wall time - agent phase - official evaluation (both read back from
    the trajectory's harness events). Median of several runs.
-3. The agent's Python environment (ale/runner/agent_env.py): its first build on a machine
+3. Sandbox start and teardown: the local runtime running ``/bin/true`` with all the isolation the
+   machine provides (cgroup, tmpfs /tmp, seccomp, per-run uid), and the cost of its ``check()``.
+4. The agent's Python environment (ale/runner/agent_env.py): its first build on a machine
    (a fresh cache folder: once per machine and content) and the per-run cost once it is cached
    (the digest and a lookup), which is part of the overhead above.
 """
@@ -35,16 +37,25 @@ def _payload(i: int) -> dict:
     return {"text": f"step {i}: reward 1.0 observation [0.01, -0.02, 0.03, 0.04]", "i": i}
 
 
+TASK = "cartpole-balance@1.0.0"
+
+
 async def _recorder_rate(n: int, path: Path) -> float:
+    """A whole one-task run (the grammar's order) of ``n`` events, nearly all agent stdout lines."""
     from ale.runner.recorder import open_recorder
 
     started = time.perf_counter()
     async with open_recorder(path) as rec:
-        rec.emit("trusted_harness", "run_started", {"nonce": None})
-        for i in range(n - 1):
+        rec.emit("trusted_harness", "run_started", {"nonce": None, "run_id": "bench", "tasks": [TASK]})
+        for kind in ("task_started", "evaluator_started", "agent_started"):
+            rec.emit("trusted_harness", kind, {"task": TASK})
+        for i in range(n - 9):
             rec.emit("untrusted_agent", "stdout", _payload(i))
             if i % 1000 == 0:
                 await trio.lowlevel.checkpoint()
+        for kind in ("agent_finished", "official_evaluation_started", "official_evaluation_skipped", "task_finished"):
+            rec.emit("trusted_harness", kind, {"task": TASK})
+        rec.emit("trusted_harness", "run_finished", {"tasks": {TASK: "not_completed"}})
     return n / (time.perf_counter() - started)
 
 
@@ -158,6 +169,55 @@ def bench_agent_env(builds: int, lookups: int) -> dict:
     }
 
 
+def _sandbox_folder() -> Path:
+    folder = Path(tempfile.mkdtemp(prefix="ale-bench-"))
+    (folder / "ws").mkdir()
+    (folder / "task").mkdir()
+    folder.chmod(0o755)
+    return folder
+
+
+async def _sandbox_starts(n: int) -> dict:
+    """Start and tear down a sandbox running /bin/true n times (cgroup, /tmp, seccomp, bwrap, cleanup)."""
+    import shutil
+    import socket
+
+    from ale.runner import agent_env
+    from ale.runner.local import LocalRuntime
+    from ale.runner.sandbox import SandboxSpec
+
+    check_started = time.perf_counter()
+    runtime = LocalRuntime()
+    runtime.check()
+    check_s = time.perf_counter() - check_started
+    folder = _sandbox_folder()
+    listener = socket.socket(socket.AF_UNIX)
+    try:
+        listener.bind(str(folder / "e.sock"))
+        spec = SandboxSpec(
+            command=("/bin/true",), workspace=folder / "ws", workspace_writable=True, task_dir=folder / "task",
+            evaluator_socket=folder / "e.sock", env={"PATH": "/usr/bin:/bin"},
+            agent_env=agent_env.ensure(),  # built once, as the harness does; measured on its own below
+        )  # fmt: skip
+        times = []
+        for _ in range(n):
+            started = time.perf_counter()
+            result = await runtime.run_sandboxed(spec, lambda _s, _l: None)
+            times.append(time.perf_counter() - started)
+            if result.exit_status != 0:
+                raise SystemExit(f"the sandbox did not run /bin/true: {result}")
+    finally:
+        listener.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return {
+        "runs": n,
+        "check_s": check_s,
+        "start_and_teardown_median_s": statistics.median(times),
+        "start_and_teardown_min_s": min(times),
+        "isolation": runtime.attestation()["isolation"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
@@ -167,6 +227,7 @@ def main() -> None:
     recording = bench_recording(n, rounds)
     overhead = bench_overhead(runs, episodes=5)
     env = bench_agent_env(1 if args.quick else 3, 5 if args.quick else 20)
+    starts = trio.run(_sandbox_starts, 5 if args.quick else 30)
     print(f"trajectory recording ({n} events, median of {rounds}):")
     print(f"  chained (RFC 8785 + SHA-256 chain + writer thread): {recording['chained_events_per_s']:,.0f} events/s")
     print(f"  plain json.dumps lines (floor):                     {recording['plain_json_events_per_s']:,.0f} events/s")
@@ -177,6 +238,12 @@ def main() -> None:
     share = overhead["overhead_fraction_of_wall"]
     print(f"  wall {m['wall_s']:.2f} s = agent {m['agent_s']:.2f} s + official evaluation {m['official_s']:.2f} s")
     print(f"  + harness overhead {m['overhead_s']:.2f} s ({share:.0%} of wall)")
+    print(f"  ratio overhead/wall: {share:.2f}")
+    in_force = [k for k, v in starts["isolation"].items() if v["in_force"]]
+    print(f"sandbox start + teardown (/bin/true, median of {starts['runs']}; isolation: {', '.join(in_force)}):")
+    med, low = starts["start_and_teardown_median_s"], starts["start_and_teardown_min_s"]
+    print(f"  {med * 1000:.1f} ms (min {low * 1000:.1f} ms)")
+    print(f"  runtime check() (probes, seccomp compile): {starts['check_s'] * 1000:.0f} ms")
     print(f"agent environment ({env['files']} distribution files, {len(env['distributions'])} distributions):")
     print(f"  first build on a machine: {env['first_build_median_s']:.2f} s (median of {1 if args.quick else 3})")
     warm, ratio = env["warm_ensure_median_s"], env["warm_ensure_median_s"] / m["overhead_s"]
@@ -189,6 +256,7 @@ def main() -> None:
         "recording": recording,
         "overhead": overhead,
         "agent_env": env,
+        "sandbox_start": starts,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 import site_fixtures  # noqa: E402  (the test suite's fixture module)
+
 from ale_verify import __version__, export  # noqa: E402
 
 

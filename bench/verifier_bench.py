@@ -299,6 +299,7 @@ class Site:
 
     def fresh(self) -> Any:
         import attrs
+
         from ale_verify import db
 
         self.n += 1
@@ -361,11 +362,10 @@ def pipeline_once(site: Site, ciphertext: bytes, workers: Any = None) -> tuple[f
 
 def steps_once(site: Site, ciphertext: bytes) -> dict[str, float]:
     """The pipeline's steps called one by one, in process_upload's order, each timed."""
-    from ale_verify import pipeline as p
-
     from ale import catalog
     from ale.core import verify as v
     from ale.runner.inspect import installed_releases
+    from ale_verify import pipeline as p
 
     settings = site.fresh()
     path = site.copy(ciphertext, settings)

@@ -12,14 +12,13 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ale import catalog
 from ale_evaluator import __version__
 from ale_evaluator.events import EventLog
 from ale_evaluator.parallel import MAX_STEP_THREADS
 from ale_evaluator.seeds import RunConfig, RunConfigError
 from ale_evaluator.server import default_rpc_cpu, keep_to_cpu, start, unix_address
-from ale_evaluator.service import EvaluatorState
-
-from ale import catalog
+from ale_evaluator.service import TASK_BUDGET, EvaluatorState
 
 
 class CliError(Exception):
@@ -67,7 +66,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
             raise CliError(f"--rpc-cpu: {exc}") from None
     events_stream = open(args.events, "a", encoding="utf-8", buffering=1) if args.events else None  # noqa: SIM115
     step_threads = None if args.step_threads == "auto" else int(args.step_threads)
-    state = EvaluatorState(task, config, events=EventLog(events_stream), batch_cpus=all_cpus, step_threads=step_threads)
+    budget = {"task": TASK_BUDGET, "none": None}.get(args.env_step_budget, TASK_BUDGET)
+    if args.env_step_budget not in ("task", "none"):
+        budget = int(args.env_step_budget)
+    state = EvaluatorState(
+        task,
+        config,
+        events=EventLog(events_stream),
+        batch_cpus=all_cpus,
+        step_threads=step_threads,
+        env_step_budget=budget,
+    )
     agent = _address(args.agent_socket, args.agent_address, "agent")
     harness = _address(args.harness_socket, args.harness_address, "harness")
     try:
@@ -132,6 +141,12 @@ def _step_threads(value: str) -> str:
     )
 
 
+def _env_step_budget(value: str) -> str:
+    if value in ("task", "none") or (value.isdigit() and len(value) <= 15 and int(value) > 0):
+        return value
+    raise argparse.ArgumentTypeError(f"expected a positive number of steps, 'task' or 'none', got {value[:40]!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ale-evaluator", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -161,6 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=_step_threads,
         help="threads that step the copies of a MuJoCo vector env, the serving thread included: a number"
         " (1: no helpers) or 'auto' (one per CPU the process may use, at most 8; default)",
+    )
+    serve.add_argument(
+        "--env-step-budget",
+        default="task",
+        type=_env_step_budget,
+        help="the agent's environment steps (its Steps and batch episodes): a number, 'task' (the task's"
+        " budgets.env_steps; default) or 'none' (counted, never refused)",
     )
     serve.set_defaults(func=cmd_serve)
 

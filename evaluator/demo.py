@@ -15,15 +15,17 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+import gymnasium as gym
 import numpy as np
-from ale_evaluator.seeds import RunConfig
-from ale_evaluator.server import serving, unix_address
-from ale_evaluator.service import EvaluatorState
 
 from ale.catalog import Task
 from ale.client import AleEnvClient, RemoteEnv
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import linear_policy
+from ale_evaluator._gym import element_shape
+from ale_evaluator.seeds import RunConfig
+from ale_evaluator.server import serving, unix_address
+from ale_evaluator.service import EvaluatorState
 
 # Hand-tuned linear gains: a = W @ obs (discrete: push right iff positive).
 _GAINS: dict[str, np.ndarray] = {
@@ -39,7 +41,7 @@ def demo_policy(task: Task) -> bytes:
         from ale_evaluator.envs import make_env
 
         env = make_env(task)
-        gains = np.zeros((int(np.prod(env.action_space.shape)), env.observation_space.shape[0]))
+        gains = np.zeros((int(np.prod(element_shape(env.action_space))), element_shape(env.observation_space)[0]))
         env.close()
     return linear_policy(gains, output="discrete" if task.spec.domain == "cartpole" else "clip")
 
@@ -47,11 +49,14 @@ def demo_policy(task: Task) -> bytes:
 def _act(task: Task, env: RemoteEnv, obs: np.ndarray) -> np.ndarray | int:
     gains = _GAINS.get(task.spec.domain)
     if gains is None:
-        return np.zeros(env.action_space.shape, dtype=np.float32)
+        return np.zeros(element_shape(env.action_space), dtype=np.float32)
     y = gains @ obs
     if task.spec.domain == "cartpole":
         return int(np.argmax(y))
-    return np.clip(y, env.action_space.low, env.action_space.high).astype(np.float32)
+    space = env.action_space
+    assert isinstance(space, gym.spaces.Box), "the gains other than cartpole's drive a Box action"
+    action: np.ndarray = np.clip(y, space.low, space.high).astype(np.float32)
+    return action
 
 
 def _print_result(result: pb.EvalResult, out: TextIO) -> None:

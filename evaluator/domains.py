@@ -11,7 +11,7 @@ episode early never helps.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, SupportsFloat
 
 import attrs
 import gymnasium as gym
@@ -38,7 +38,7 @@ class EpisodeMeter:
     raw: Any = None
     probe: Any = None
 
-    def record_step(self, env: gym.Env, reward: float, terminated: bool, truncated: bool) -> int:
+    def record_step(self, env: gym.Env, reward: SupportsFloat, terminated: bool, truncated: bool) -> int:
         """Account for one step; return the number of safety events it caused."""
         self.episode_return += float(reward)
         self.length += 1

@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any, cast
 
 import attrs
 import gymnasium as gym
 import numpy as np
+
+from ale.catalog import Task
+from ale.core.results import AbortReason
+from ale.env.v1 import env_pb2 as pb
 from ale_evaluator import episodes
+from ale_evaluator._gym import CartPoleBatch, CartPoleCopy, TimeLimited, element_shape
 from ale_evaluator.domains import Domain, EpisodeMeter
 from ale_evaluator.errors import invalid, precondition
 from ale_evaluator.parallel import ParallelMujoco, StepPool, step_each
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
-
-from ale.catalog import Task
-from ale.env.v1 import env_pb2 as pb
 
 
 def make_env(task: Task) -> gym.Env:
@@ -30,23 +33,24 @@ def make_env(task: Task) -> gym.Env:
     return gym.make(task.spec.gym_id, disable_env_checker=True, **task.spec.gym_kwargs)
 
 
-def check_actions(space: gym.Space, num_envs: int, action: np.ndarray) -> np.ndarray:
-    """Validate a batch of actions against one copy's space; clip boxes to bounds."""
+def action_shape(space: gym.Space[Any], num_envs: int) -> tuple[int, ...]:
+    """The shape of a Step's action tensor: [K, *one copy's action shape] (a Discrete action is a scalar)."""
+    return (num_envs, *space.shape) if isinstance(space, gym.spaces.Box) else (num_envs,)
+
+
+def check_actions(space: gym.Space[Any], shape: tuple[int, ...], action: np.ndarray) -> np.ndarray:
+    """Validate a batch of actions of ``shape`` (``action_shape``; the service's tensor decoder
+    checks it first) against one copy's space; clip boxes to bounds."""
+    if action.shape != shape:
+        raise invalid(f"action has shape {list(action.shape)}; expected {list(shape)}")
     if isinstance(space, gym.spaces.Box):
-        expected = (num_envs, *space.shape)
-        if action.shape != expected:
-            raise invalid(
-                f"action has shape {list(action.shape)}; expected {list(expected)} "
-                f"(num_envs={num_envs}, action space shape {list(space.shape)})"
-            )
         if action.dtype.kind != "f":
             raise invalid(f"action dtype is {action.dtype}; a Box action space takes float32 or float64")
         if not np.all(np.isfinite(action)):
             raise invalid("action holds NaN or infinity")
-        return np.clip(action, space.low, space.high).astype(space.dtype, copy=False)
+        clipped: np.ndarray = np.clip(action, space.low, space.high).astype(space.dtype, copy=False)
+        return clipped
     if isinstance(space, gym.spaces.Discrete):
-        if action.shape != (num_envs,):
-            raise invalid(f"action has shape {list(action.shape)}; expected [{num_envs}] for a Discrete space")
         if action.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
             raise invalid(f"action dtype is {action.dtype}; a Discrete action space takes int32 or int64")
         lo, hi = int(space.start), int(space.start + space.n)
@@ -93,9 +97,12 @@ class BatchedCartPole:
     def __init__(self, envs: list[gym.Env]) -> None:
         from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 
-        self.limits = envs
-        self.raws = [env.unwrapped for env in envs]
-        self.vec = CartPoleVectorEnv(num_envs=len(envs), max_episode_steps=envs[0]._max_episode_steps)
+        # The copies are what fits() accepts: TimeLimit(OrderEnforcing(CartPoleEnv)).
+        self.limits = cast("list[TimeLimited]", envs)
+        self.raws = [cast(CartPoleCopy, env.unwrapped) for env in envs]
+        self.vec = cast(
+            CartPoleBatch, CartPoleVectorEnv(num_envs=len(envs), max_episode_steps=self.limits[0]._max_episode_steps)
+        )
 
     @staticmethod
     def fits(envs: list[gym.Env]) -> bool:
@@ -108,9 +115,10 @@ class BatchedCartPole:
             for env in envs
         ):
             return False
-        reference = CartPoleVectorEnv(num_envs=1, max_episode_steps=first._max_episode_steps)
+        limit = cast(TimeLimited, first)._max_episode_steps  # every copy is a TimeLimit: checked above
+        reference = CartPoleVectorEnv(num_envs=1, max_episode_steps=limit)
         return all(
-            env._max_episode_steps == first._max_episode_steps
+            cast(TimeLimited, env)._max_episode_steps == limit
             and env.unwrapped.render_mode is None
             and all(getattr(env.unwrapped, c) == getattr(reference, c) for c in _CARTPOLE_CONSTANTS)
             for env in envs
@@ -148,11 +156,12 @@ class EnvGroup:
     task: Task
     domain: Domain
     num_envs: int
-    autoreset: int
+    autoreset: pb.AutoresetMode
     official: bool
     owner: str  # the endpoint that created it: "agent" | "harness"
     step_pool: StepPool | None = None  # threads to step MuJoCo copies on (ale_evaluator.parallel)
     envs: list[gym.Env] = attrs.field(init=False)
+    action_shape: tuple[int, ...] = attrs.field(init=False)  # of a Step's action tensor
     meters: list[EpisodeMeter | None] = attrs.field(init=False)
     lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     last_used: float = attrs.field(init=False, factory=time.monotonic)
@@ -163,6 +172,7 @@ class EnvGroup:
 
     def __attrs_post_init__(self) -> None:
         self.envs = [make_env(self.task) for _ in range(self.num_envs)]
+        self.action_shape = action_shape(self.envs[0].action_space, self.num_envs)
         self.meters = [None] * self.num_envs
         if self.num_envs >= MIN_BATCHED_COPIES and BatchedCartPole.fits(self.envs):
             self.batched = BatchedCartPole(self.envs)
@@ -170,11 +180,11 @@ class EnvGroup:
             self.parallel = ParallelMujoco(self.envs, self.step_pool)
 
     @property
-    def observation_space(self) -> gym.Space:
+    def observation_space(self) -> gym.Space[Any]:
         return self.envs[0].observation_space
 
     @property
-    def action_space(self) -> gym.Space:
+    def action_space(self) -> gym.Space[Any]:
         return self.envs[0].action_space
 
     def close(self, why: str) -> None:
@@ -185,7 +195,7 @@ class EnvGroup:
 
     def _obs_batch(self) -> np.ndarray:
         space = self.observation_space
-        return np.empty((self.num_envs, *space.shape), dtype=space.dtype)
+        return np.empty((self.num_envs, *element_shape(space)), dtype=space.dtype)
 
     def reset(self, seed: int | None) -> np.ndarray:
         """Reset every copy (copy i with ``seed + i``) of a non-official group."""
@@ -202,7 +212,7 @@ class EnvGroup:
                 raise precondition("Step before Reset: call Reset first")
             if meter.done:
                 raise precondition(f"copy {i}: the episode has ended; call Reset (autoreset is disabled)")
-        actions = check_actions(self.action_space, self.num_envs, action)
+        actions = check_actions(self.action_space, self.action_shape, action)
         if self.batched is not None:
             obs, reward, terminated, truncated = self.batched.step(actions)
         elif self.parallel is not None:
@@ -297,7 +307,7 @@ class EvalSession:
             value, success = meter.outcome(self.group.envs[0])
             self.records[index] = episodes.finished(index, self._commitment(index), meter, value, success)
 
-    def _abort(self, index: int, reason: str) -> None:
+    def _abort(self, index: int, reason: AbortReason) -> None:
         meter = self.group.meters[0] if index == self.started - 1 else None
         self.records[index] = episodes.aborted(index, self._commitment(index), self.group.domain, reason, meter)
 

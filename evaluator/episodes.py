@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from ale_evaluator.domains import Domain, EpisodeMeter
-
-from ale.core.results import Episode
+from ale.core.results import AbortReason, Episode
 from ale.env.v1 import env_pb2 as pb
+from ale_evaluator.domains import Domain, EpisodeMeter
 
 #: Why an episode did not run to its end.
 ABORT_REASONS = ("reset_mid_episode", "session_closed", "not_started", "policy_error", "evaluator_error")
@@ -32,7 +31,9 @@ def finished(index: int, commitment: bytes, meter: EpisodeMeter, value: float, s
     )
 
 
-def aborted(index: int, commitment: bytes, domain: Domain, reason: str, meter: EpisodeMeter | None) -> EpisodeRecord:
+def aborted(
+    index: int, commitment: bytes, domain: Domain, reason: AbortReason, meter: EpisodeMeter | None
+) -> EpisodeRecord:
     """An episode that did not end on its own: it scores the domain's worst value."""
     assert reason in ABORT_REASONS
     counts = dict(meter.safety_counts) if meter else dict.fromkeys(domain.safety_metrics, 0)

@@ -36,11 +36,16 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.error import ResetNeeded
+
+from ale_evaluator._gym import TimeLimited
+
+if TYPE_CHECKING:
+    from gymnasium.envs.mujoco.mujoco_env import MujocoEnv
 
 #: The fewest copies for which each way pays. Handing chunks to a helper thread costs ~80-100 us a
 #: Step on the 2-core development machine; EnvGroup.step of K copies with and without helpers, side
@@ -74,11 +79,11 @@ def pendulum_code_matches() -> bool:
         return False
 
 
-def _class_modes() -> dict[type, str]:
+def _class_modes() -> dict[type[gym.Env], str]:
     from gymnasium.envs.mujoco.hopper_v5 import HopperEnv
     from gymnasium.envs.mujoco.inverted_pendulum_v5 import InvertedPendulumEnv
 
-    modes = {HopperEnv: "threads"}
+    modes: dict[type[gym.Env], str] = {HopperEnv: "threads"}
     if pendulum_code_matches():
         modes[InvertedPendulumEnv] = "pendulum"
     return modes
@@ -162,7 +167,8 @@ class ParallelMujoco:
 
     def __init__(self, envs: list[gym.Env], pool: StepPool) -> None:
         self.envs = envs
-        self.raws = [env.unwrapped for env in envs]
+        # The copies are what mode_for accepts: TimeLimit(OrderEnforcing(raw)), raw a MujocoEnv of _class_modes.
+        self.raws = [cast("MujocoEnv", env.unwrapped) for env in envs]
         self.pool = pool
         mode = self.mode_for(envs)
         assert mode is not None, "ParallelMujoco.mode_for said no"
@@ -211,8 +217,9 @@ class ParallelMujoco:
                 raw = raws[i]
                 raw.do_simulation(rows[i], raw.frame_skip)
 
-        for env in envs:  # OrderEnforcing.step
-            if not env.env._has_reset:
+        limits = cast("list[TimeLimited]", envs)  # as mode_for checked
+        for limit in limits:  # OrderEnforcing.step
+            if not limit.env._has_reset:
                 raise ResetNeeded("Cannot call env.step() before calling env.reset()")
         self.pool.run(simulate_chunk, n)
         # InvertedPendulumEnv.step after do_simulation, for every copy at once.
@@ -221,7 +228,7 @@ class ParallelMujoco:
             obs[i] = np.concatenate([data.qpos, data.qvel]).ravel()
         terms[:] = ~np.isfinite(obs).all(axis=1) | (np.abs(obs[:, 1]) > 0.2)
         rewards[:] = ~terms  # int(not terminated)
-        for i, env in enumerate(envs):  # TimeLimit.step (the env's own truncated is False)
-            env._elapsed_steps += 1
-            truncs[i] = env._elapsed_steps >= env._max_episode_steps
+        for i, limit in enumerate(limits):  # TimeLimit.step (the env's own truncated is False)
+            limit._elapsed_steps += 1
+            truncs[i] = limit._elapsed_steps >= limit._max_episode_steps
         return rewards, terms, truncs

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import re
 import secrets
 
 import attrs
+
+from ale.core.parse import JsonLimitError, ParseError, parse_json
 
 SECRET_BYTES = 32
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
@@ -54,11 +55,11 @@ class RunConfig:
 
         Error messages never quote the input: it holds the secret.
         """
-        if len(raw) > 4096:
-            raise RunConfigError("run configuration is larger than 4096 bytes")
         try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
+            data = parse_json(raw, what="run configuration", max_bytes=4096, max_depth=2)
+        except JsonLimitError as exc:
+            raise RunConfigError(f"run configuration is past its {exc.limit} limit (4096 bytes, 2 levels)") from None
+        except ParseError:  # its message may quote the input
             raise RunConfigError("run configuration is not valid JSON") from None
         if not isinstance(data, dict) or set(data) != {"run_id", "secret"}:
             raise RunConfigError('run configuration must be an object with exactly "run_id" and "secret"')

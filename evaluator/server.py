@@ -1,4 +1,9 @@
-"""Serve one task on two endpoints (agent and harness), with health checking and reflection."""
+"""Serve one task on two endpoints (agent and harness), with health checking and reflection (v1 and v1alpha).
+
+Each endpoint is its own gRPC server with its own threads: nothing the agent does on its
+endpoint can take a thread from the harness's. Within an endpoint, at most half the threads may
+hold a long poll (``ale_evaluator.service.LongPollGate``).
+"""
 
 from __future__ import annotations
 
@@ -11,12 +16,12 @@ from pathlib import Path
 
 import attrs
 import grpc
-from ale_evaluator.service import AGENT, HARNESS, AleEnvServicer, EvaluatorState, generic_handler
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from ale.env.v1 import env_pb2 as pb
 from ale.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME
+from ale_evaluator import reflection
+from ale_evaluator.service import AGENT, HARNESS, AleEnvServicer, EvaluatorState, generic_handler
 
 GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -48,28 +53,35 @@ def keep_to_cpu(cpu: int) -> frozenset[int]:
     return before
 
 
-def _serve_one(state: EvaluatorState, role: str, address: str, *, workers: int) -> tuple[grpc.Server, str]:
+def long_poll_slots(workers: int) -> int:
+    """How many of an endpoint's ``workers`` threads may hold a long poll at once: half, rounded down
+    (one worker: none, every long poll is answered at once)."""
+    return workers // 2
+
+
+def _serve_one(
+    state: EvaluatorState, role: str, address: str, *, workers: int
+) -> tuple[grpc.Server, str, AleEnvServicer]:
     server = grpc.server(
         ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"ale-{role}"),
         options=GRPC_OPTIONS,
         maximum_concurrent_rpcs=256,
     )
-    server.add_generic_rpc_handlers([generic_handler(AleEnvServicer(state, role))])
+    servicer = AleEnvServicer(state, role, long_poll_slots=long_poll_slots(workers))
+    server.add_generic_rpc_handlers([generic_handler(servicer)])
     health_servicer = health.HealthServicer()
     health_servicer.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        [pb.DESCRIPTOR.services_by_name["AleEnv"].full_name, health.SERVICE_NAME, reflection.SERVICE_NAME],
-        server,
-    )
+    services = [pb.DESCRIPTOR.services_by_name["AleEnv"].full_name, health.SERVICE_NAME]
+    reflection.enable_server_reflection(services, server)
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"could not bind the {role} endpoint to {address}")
     if address.startswith(("localhost:", "127.0.0.1:", "[::1]:")) and address.endswith(":0"):
         address = address.rsplit(":", 1)[0] + f":{port}"
     server.start()
-    return server, address
+    return server, address, servicer
 
 
 @attrs.define
@@ -78,6 +90,7 @@ class RunningEvaluator:
     agent_address: str
     harness_address: str
     servers: list[grpc.Server]
+    servicers: dict[str, AleEnvServicer] = attrs.Factory(dict)
 
     def stop(self, grace: float = 1.0) -> None:
         events = [s.stop(grace) for s in self.servers]
@@ -105,18 +118,21 @@ def start(
     if agent_address == harness_address:
         raise ValueError("the agent and harness endpoints must differ")
     servers: list[grpc.Server] = []
+    servicers: dict[str, AleEnvServicer] = {}
     try:
-        harness_server, harness_address = _serve_one(state, HARNESS, harness_address, workers=workers)
+        harness_server, harness_address, servicers[HARNESS] = _serve_one(
+            state, HARNESS, harness_address, workers=workers
+        )
         servers.append(harness_server)
         _chmod_socket(harness_address, 0o600)
-        agent_server, agent_address = _serve_one(state, AGENT, agent_address, workers=workers)
+        agent_server, agent_address, servicers[AGENT] = _serve_one(state, AGENT, agent_address, workers=workers)
         servers.append(agent_server)
         _chmod_socket(agent_address, agent_socket_mode)
     except BaseException:
         for s in servers:
             s.stop(None)
         raise
-    return RunningEvaluator(state, agent_address, harness_address, servers)
+    return RunningEvaluator(state, agent_address, harness_address, servers, servicers)
 
 
 @contextlib.contextmanager

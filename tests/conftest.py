@@ -5,16 +5,18 @@ from __future__ import annotations
 import io
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
+from evaluator_helpers import task_in_mode
+
+from ale import catalog
+from ale.client import AleEnvClient
 from ale_evaluator.events import EventLog
 from ale_evaluator.seeds import RunConfig
 from ale_evaluator.server import RunningEvaluator, start, unix_address
 from ale_evaluator.service import EvaluatorState, Limits
-
-from ale import catalog
-from ale.client import AleEnvClient
 
 FIXED_CONFIG = RunConfig(run_id="test-run-0001", secret=bytes(range(32)))
 
@@ -55,10 +57,18 @@ def make_evaluator(short_tmp: Path) -> Iterator[Callable[..., Evaluator]]:
     started: list[Evaluator] = []
 
     def factory(
-        task_id: str = "cartpole-balance", *, config: RunConfig = FIXED_CONFIG, limits: Limits | None = None
+        task_id: str = "cartpole-balance",
+        *,
+        config: RunConfig = FIXED_CONFIG,
+        limits: Limits | None = None,
+        mode: str | None = None,
+        **options: Any,
     ) -> Evaluator:
+        """``mode``: run the task as if its definition said that mode (``task_in_mode``);
+        ``options``: more ``EvaluatorState`` keywords (e.g. ``env_step_budget``)."""
         events = io.StringIO()
-        state = EvaluatorState(catalog.get_task(task_id), config, events=EventLog(events), limits=limits)
+        task = catalog.get_task(task_id) if mode is None else task_in_mode(task_id, mode)
+        state = EvaluatorState(task, config, events=EventLog(events), limits=limits, **options)
         n = len(started)
         running = start(
             state,

@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import time
+from importlib import resources
 
 import grpc
 import pytest
+
+from ale import catalog
+from ale.client import AleEnvClient, AleEnvError
+from ale.core.tasks import parse_task
+from ale.env.v1 import env_pb2 as pb
 from ale_evaluator.seeds import RunConfig
 
-from ale.client import AleEnvClient, AleEnvError
-from ale.env.v1 import env_pb2 as pb
+
+@functools.cache
+def task_in_mode(task_id: str, mode: str) -> catalog.Task:
+    """An installed task with its ``mode`` set to ``mode``, digest recomputed: a real task definition.
+
+    The evaluator's official path follows the task's mode; CartPole (a batch task, fast) made
+    interactive lets the eval-session tests run on the cheapest simulator.
+    """
+    task = catalog.get_task(task_id)
+    if task.spec.mode == mode:
+        return task
+    raw = json.loads((resources.files("ale") / "tasks" / task_id / "task.json").read_bytes())
+    raw["mode"] = mode
+    spec, digest = parse_task(json.dumps(raw).encode(), paper=task.paper.encode("utf-8"))
+    return catalog.Task(spec=spec, paper=task.paper, digest=digest)
 
 
 def commitment_of(config: RunConfig, seed: int) -> bytes:

@@ -27,10 +27,23 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from ale_verify import db, pipeline
 
 from ale import catalog
 from ale.core.canonical import canonical_json
+from ale.core.documents import (
+    ARTIFACTS_SCHEMA,
+    FAITHFULNESS_SCHEMA,
+    INTEGRITY_SCHEMA,
+    MANIFEST_SCHEMA,
+    NETWORK_SCHEMA,
+    ArtifactsManifest,
+    Faithfulness,
+    Integrity,
+    Manifest,
+    NetworkSummary,
+    ScoreBreakdown,
+)
+from ale.core.parse import structure
 from ale.core.results import (
     TASK_RESULTS_SCHEMA,
     RunScore,
@@ -39,7 +52,9 @@ from ale.core.results import (
     score_breakdown_document,
 )
 from ale.core.scoring import aggregate, score_task
-from ale.core.verify import Documents
+from ale.core.trajectory import EVENT_SCHEMA
+from ale.core.verify import Documents, RunnerKey
+from ale_verify import db, pipeline
 
 RELEASE, RELEASE_SHA256 = catalog.release()
 TASKS = {t.spec.ref: t.spec for t in catalog.tasks().values()}
@@ -152,13 +167,39 @@ def make_summary(
         tuple(scores), aggregate(scores, required=RELEASE.required_tasks, missing_tasks=RELEASE.missing_tasks)
     )
     claimed = json.loads(canonical_json(score_breakdown_document(run_score, RELEASE)))
+    head = _hex("head", key)
     manifest = {
+        "schema": MANIFEST_SCHEMA,
         "run_id": run_id,
+        "harness": {"name": "ale", "version": "0.1.0"},
+        "release": {
+            "name": RELEASE.release,
+            "manifest_sha256": RELEASE_SHA256,
+            "required_task_set_hash": RELEASE.required_task_set_hash,
+        },
+        "tasks": [
+            {
+                "id": TASKS[o.ref].id,
+                "version": TASKS[o.ref].version,
+                "digest": _hex("digest", o.ref),
+                "genre": TASKS[o.ref].genre,
+                "mode": TASKS[o.ref].mode,
+                "official_episodes": TASKS[o.ref].official_episodes,
+                "episodes_run": TASKS[o.ref].official_episodes,
+                "agent": {"exit_status": 0, "stopped_for": "", "wall_time_s": 1.0, "env_steps": 0},
+            }
+            for o in outcomes
+        ],
         "agent": {"name": agent, "command": ["python", "agent.py"], "declared": {"model": model, "effort": effort}},
-        "release": {"name": RELEASE.release, "manifest_sha256": RELEASE_SHA256},
         "runtime": {
             "runtime": "local",
             "sandbox": "bwrap",
+            "isolation": {
+                "seccomp": {"in_force": False, "reason": "fixture: not attested", "details": None},
+                "cgroup": {"in_force": True, "reason": None, "details": {"version": 2, "parents": {"unified": "/x"}}},
+                "uid": {"in_force": True, "reason": None, "details": {"range": [1879048192, 1879113727]}},
+                "filesystems": {"in_force": False, "reason": "fixture: not attested", "details": None},
+            },
             "code": {
                 "kind": "local-install",
                 "note": "digest of the installed Python code and dependency versions, not of an OCI image",
@@ -167,6 +208,8 @@ def make_summary(
                 "python": "3.11.7",
             },
         },
+        "challenge": None,
+        "trajectory": {"schema": EVENT_SCHEMA, "events": 1, "chain_head": head},
         "run": {
             "completed": True,
             "official_episode_counts": official_episode_counts,
@@ -175,28 +218,33 @@ def make_summary(
         },
     }
     network = {
-        "proxy": None if usage is None else {"name": "ale-llm-gateway", "version": "1.0.0"},
+        "schema": NETWORK_SCHEMA,
+        "proxy": None,  # v1 has no proxy; the row below says what a future one would show
+        "policy": "fixture",
+        "requests": {"total": 0, "allowed": 0, "denied": 0},
         "usage": usage or {"input_tokens": 0, "output_tokens": 0},
     }
     docs = Documents(
-        manifest=manifest,
+        manifest=structure(manifest, Manifest, what="fixture manifest"),
         results=TaskResults(schema=TASK_RESULTS_SCHEMA, run_id=run_id, tasks=tuple(entries)),
-        claimed=claimed,
-        faithfulness={},
-        network=network,
-        artifacts={},
-        integrity={},
+        claimed=structure(claimed, ScoreBreakdown, what="fixture scores"),
+        faithfulness=Faithfulness(FAITHFULNESS_SCHEMA, {}),
+        network=structure(network, NetworkSummary, what="fixture network"),
+        artifacts=ArtifactsManifest(ARTIFACTS_SCHEMA, ()),
+        integrity=Integrity(INTEGRITY_SCHEMA, {}, _hex("root", key), head, None),
         events=b"",
     )
     summary = pipeline.audit_summary(
         docs,
         run_score,
         challenge={"id": f"chl_{_hex('chl', key)[:24]}"} if challenge else None,
-        runner=runner,
+        runner=None if runner is None else RunnerKey(runner["key_id"], "", runner["kind"], runner["label"]),
         ciphertext_sha256=_hex("ciphertext", key),
         root=_hex("root", key),
         events=200 + int(_hex("events", key)[:4], 16) % 5000,
     )
+    if usage is not None:
+        summary["network_proxy"] = {"name": "ale-llm-gateway", "version": "1.0.0"}
     return json.loads(json.dumps(summary))  # as stored: plain JSON
 
 

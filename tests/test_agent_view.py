@@ -16,6 +16,10 @@ client library (and of the bundled agents, for a bundled agent) are found. Two a
 custom ``--agent-cmd`` one through the ``ale`` CLI, and one that runs as a bundled agent would
 (its environment holds the demo's modules) through the harness. Then the bundled demo agent
 solves an interactive task through ``ale run`` (its policy script run by the sandbox's python).
+
+Last, the same whole-file check through the runtime interface alone, against every backend of the
+conformance suite (tests/sandbox_tools.py): the backend's default environment (the client library
+alone) and a bundled agent's, each given only a ``SandboxSpec``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from typing import Any
 import pytest
 import trio
 import zstandard
+from sandbox_box import Box, Lines
+from sandbox_tools import backends, make_runtime, need_bwrap
 
 import ale
 from ale import catalog
@@ -115,22 +121,6 @@ report = {"hits": hits, "whole_files": whole_files[:20], "files": files, "bytes"
           "prefix": sys.prefix, "path": sys.path}
 print(__PREFIX__ + json.dumps(report), flush=True)
 """
-
-
-def _need_bwrap() -> None:
-    """Skip without bubblewrap on a developer's machine; fail in CI (ALE_SITE_TOOLS_REQUIRED=1, set by .ci/run)."""
-    reason = None
-    if shutil.which("bwrap") is None:
-        reason = "bubblewrap is not installed (apt-get install bubblewrap)"
-    else:
-        probe = subprocess.run(["bwrap", "--unshare-net", "--ro-bind", "/", "/", "--", "true"], capture_output=True)
-        if probe.returncode != 0:
-            reason = f"bwrap cannot create namespaces here: {probe.stderr!r}"
-    if reason is None:
-        return
-    if os.environ.get("ALE_SITE_TOOLS_REQUIRED") == "1":
-        pytest.fail(f"required in CI (ALE_SITE_TOOLS_REQUIRED=1): {reason}")
-    pytest.skip(reason)
 
 
 # --- the markers ------------------------------------------------------------------------------------
@@ -364,7 +354,7 @@ def _walk_as_bundled_agent(walk: _Walk, base: Path) -> None:
 
 @pytest.fixture(scope="module", params=[False, True], ids=["custom-agent-cmd", "as-bundled-agent"])
 def walk(request: pytest.FixtureRequest) -> Iterator[_Walk]:
-    _need_bwrap()
+    need_bwrap()
     result = _Walk(bundled=request.param)
     result.controls = control_markers(bundled=result.bundled)
     result.files = harness_only_files(bundled=result.bundled)
@@ -435,7 +425,7 @@ def test_the_client_works_and_nothing_else_of_the_project_imports(walk: _Walk) -
 def test_bundled_demo_solves_an_interactive_task_through_ale_run(tmp_path: Path) -> None:
     """pendulum-lqr: the demo identifies a model and leaves a policy script whose ``#!`` line is the
     sandbox's interpreter; the official evaluation runs it in the sandbox and every episode passes."""
-    _need_bwrap()
+    need_bwrap()
     env = {k: v for k, v in os.environ.items() if k not in ("ALE_RECIPIENT", "CI")}
     proc = _ale(
         "run", "pendulum-lqr", "--plain", "--out", str(tmp_path / "out"), "--episodes", "4",
@@ -476,3 +466,82 @@ def test_a_bundled_agents_environment_holds_its_own_modules_only() -> None:
             ("/".join(m.split(".")) + ("/__init__.py" if (PACKAGE.parent / m.replace(".", "/")).is_dir() else ".py"))
             for m in env.modules
         }
+
+
+# --- through the runtime interface, on every backend ----------------------------------------------
+
+PROBE = r"""
+import hashlib, importlib, json, os, stat
+FILES = {(size, digest): name for name, size, digest in __FILES__}
+SIZES = {size for size, _ in FILES}
+hits, files = [], 0
+for root, dirs, names in os.walk("/", onerror=lambda e: None):
+    dirs[:] = [d for d in dirs if os.path.join(root, d) not in ("/proc", "/sys", "/dev")]
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            continue
+        files += 1
+        if st.st_size not in SIZES:
+            continue
+        try:
+            with open(path, "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()
+        except OSError:
+            continue
+        if (st.st_size, digest) in FILES:
+            hits.append([path, FILES[(st.st_size, digest)]])
+imports = {}
+for module in ("ale.client", "ale.policy", "ale.protocol", "ale.runner.harness", "ale.agents.demo",
+               "ale_evaluator", "ale_verify"):
+    try:
+        importlib.import_module(module)
+        imports[module] = "ok"
+    except Exception as exc:
+        imports[module] = type(exc).__name__
+print(__PREFIX__ + json.dumps({"hits": hits, "files": files, "imports": imports}), flush=True)
+"""
+
+
+@pytest.fixture(
+    scope="module",
+    params=[(b, bundled) for b in backends() for bundled in (False, True)],
+    ids=lambda p: f"{p[0].id}-{'bundled-agent' if p[1] else 'default-env'}",
+)
+def probed(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    """A probe given only a SandboxSpec: the backend's own default environment, or a bundled agent's."""
+    backend, bundled = request.param
+    runtime = make_runtime(backend)
+    files = harness_only_files(bundled=bundled)
+    assert any("/releases/" in name for name, _, _ in files), "nothing to look for"
+    box = Box()
+    try:
+        code = PROBE.replace("__FILES__", repr([list(f) for f in files])).replace("__PREFIX__", repr(REPORT_PREFIX))
+        env = agent_env.ensure(("ale.agents.demo",)) if bundled else None  # None: the backend's default
+        lines = Lines()
+        trio.run(lambda: runtime.run_sandboxed(box.spec(code, agent_env=env), lines))
+        report = _report(iter(lines.of("stdout")))
+        if not report:
+            pytest.fail(f"no report: {lines.lines!r}"[:5000])
+        yield {"bundled": bundled, **report}
+    finally:
+        box.close()
+
+
+@pytest.mark.slow
+def test_no_backend_shows_a_harness_only_file(probed: dict[str, Any]) -> None:
+    assert probed["files"] > 10_000, "the walk read the system tree"
+    assert probed["hits"] == []
+
+
+@pytest.mark.slow
+def test_every_backend_imports_the_client_library_and_not_the_harness(probed: dict[str, Any]) -> None:
+    imports = probed["imports"]
+    assert imports["ale.client"] == imports["ale.policy"] == imports["ale.protocol"] == "ok"
+    for module in ("ale.runner.harness", "ale_evaluator", "ale_verify"):
+        assert imports[module] == "ModuleNotFoundError", (module, imports)
+    assert imports["ale.agents.demo"] == ("ok" if probed["bundled"] else "ModuleNotFoundError")

@@ -179,7 +179,10 @@ def test_inspect_shows_the_run(demo: Bundle) -> None:
     assert proc.stdout.startswith(f"run {demo.run_id}  agent ale-demo")
     assert "cartpole-balance@1.0.0: completed, mean_return = " in proc.stdout
     assert "passed 3/3" in proc.stdout
-    assert "all offline checks passed" in proc.stdout
+    assert "offline checks passed: decryption" in proc.stdout
+    # what could not be proven offline is said, never passed over (a run without a site has no challenge)
+    assert "not checked: challenge: the run has none" in proc.stdout
+    assert "all offline checks passed" not in proc.stdout
 
 
 def test_inspect_json(demo: Bundle) -> None:

@@ -6,13 +6,14 @@ health check reports SERVING on both endpoints and a real Reset works.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from ale_evaluator.envs import make_env
-from ale_evaluator.service import METHODS, Limits
+import safetensors.numpy
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
@@ -22,7 +23,12 @@ from ale import catalog
 from ale.client import AleEnvClient, AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.env.v1 import env_pb2_grpc
-from ale.protocol import MAX_MESSAGE_BYTES, SERVICE_NAME, decode_tensor, encode_tensor
+from ale.protocol import ECHO_CHARS, MAX_ID_CHARS, MAX_MESSAGE_BYTES, SERVICE_NAME, decode_tensor, encode_tensor
+from ale_evaluator.envs import make_env
+from ale_evaluator.errors import MAX_STATUS_CHARS
+from ale_evaluator.events import MAX_STRING_CHARS
+from ale_evaluator.server import long_poll_slots
+from ale_evaluator.service import METHODS, AleEnvServicer, Limits
 
 ROLES = ("agent", "harness")
 OK = grpc.StatusCode.OK
@@ -203,7 +209,7 @@ def test_a_step_without_an_action_is_invalid(evaluator):
 
 
 @pytest.mark.parametrize("role", ROLES)
-def test_unknown_ids_are_not_found(evaluator, role):
+def test_unknown_ids_are_not_found(evaluator, make_evaluator, role):
     client = endpoint(evaluator, role)
     for call in (
         lambda: client.get_spec("env-0000"),
@@ -216,7 +222,8 @@ def test_unknown_ids_are_not_found(evaluator, role):
         exc = refused(call)
         assert exc.code == grpc.StatusCode.NOT_FOUND, exc
     assert refused(evaluator.harness.get_eval_result, "session-0000").code == grpc.StatusCode.NOT_FOUND
-    assert refused(evaluator.harness.start_eval_session, "env-0000").code == grpc.StatusCode.NOT_FOUND
+    interactive = make_evaluator(mode="interactive")  # where an eval session is the official path
+    assert refused(interactive.harness.start_eval_session, "env-0000").code == grpc.StatusCode.NOT_FOUND
     assert_alive(evaluator)
 
 
@@ -401,3 +408,116 @@ def test_a_full_episode_runs_after_a_burst_of_bad_requests(evaluator):
         steps += 1
     assert steps > 5
     assert_alive(evaluator)
+
+
+# -- issue 10: INVALID_ARGUMENT where it is due, never INTERNAL; every echoed value capped -------------
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [pytest.param([0, 2**63 - 1], id="0-by-int64-max"), pytest.param([2**63 - 1, 0], id="int64-max-by-0")],
+)
+@pytest.mark.parametrize("task", ["cartpole-balance", "pendulum-lqr"])
+def test_step_with_a_zero_element_tensor_of_a_huge_shape_is_invalid_not_internal(make_evaluator, task, shape):
+    """Point 12: zero elements pass every size check; the decoder bounds each dimension first."""
+    ev = make_evaluator(task)
+    env_id = ev.agent.create_env().env_id
+    ev.agent.reset(env_id, seed=0)
+    for dtype in (pb.DTYPE_INT64, pb.DTYPE_FLOAT32):
+        code, details = stub_call(ev, "agent", "Step", step_request(env_id, dtype=dtype, shape=shape, data=b""))
+        assert code == INVALID, details
+        assert "exceeds the limit" in details
+    assert_alive(ev)
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize(
+    ("method", "field"),
+    [
+        ("GetSpec", "env_id"),
+        ("Reset", "env_id"),
+        ("Step", "env_id"),
+        ("GetEvalResult", "session_id"),
+        ("GetBatchEvalStatus", "batch_id"),
+        ("StartEvalSession", "env_id"),
+        ("CreateEnv", "task_id"),
+    ],
+)
+def test_an_id_of_20_kib_is_invalid_argument_with_a_short_message_not_resource_exhausted(
+    evaluator, role, method, field
+):
+    """Point 14: NOT_FOUND echoed the whole id; past ~16 KiB the client got RESOURCE_EXHAUSTED instead."""
+    request = METHODS[method][0](**{field: "e" * (20 * 1024)})
+    code, details = stub_call(evaluator, role, method, request)
+    assert code == INVALID, (code, details[:200])
+    assert f"{field} 'eeee" in details
+    assert "(20480 characters)" in details
+    assert len(details) < 300
+    assert_alive(evaluator)
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_an_unknown_id_is_echoed_cut_to_its_first_64_characters(evaluator, role):
+    env_id = "env-" + "f" * 124  # 128 characters: the longest id a request may carry
+    exc = refused(endpoint(evaluator, role).get_spec, env_id)
+    assert exc.code == grpc.StatusCode.NOT_FOUND
+    assert exc.details == f"unknown env_id {env_id[:64]!r}... (128 characters)"
+    exc = refused(endpoint(evaluator, role).create_env, task_id="t" * 100)
+    assert exc.code == grpc.StatusCode.NOT_FOUND
+    assert "... (100 characters)" in exc.details
+
+
+def test_a_policy_naming_a_100k_character_tensor_gets_a_short_message(evaluator):
+    name = "w" * 100_000
+    arch = {
+        "format": "ale-policy/v1",
+        "observation_dim": 4,
+        "normalizer": None,
+        "layers": [{"weight": name, "bias": "b", "activation": "identity"}],
+        "output": {"kind": "discrete"},
+    }
+    raw = safetensors.numpy.save({"b": np.zeros(2)}, metadata={"ale-policy": json.dumps(arch)})
+    exc = refused(evaluator.agent.submit_batch_eval, raw, num_episodes=1)
+    assert exc.code == INVALID
+    assert "(100000 characters)" in exc.details
+    assert len(exc.details) < 300
+
+
+def test_an_unexpected_exception_is_internal_logged_and_tells_the_caller_nothing_of_it(
+    make_evaluator, caplog, monkeypatch
+):
+    """Point 13: only the evaluator's refusals reach the caller; anything else is a bug, logged."""
+
+    def broken(self, request):
+        raise KeyError("private detail of the evaluator")
+
+    monkeypatch.setattr(AleEnvServicer, "GetSpec", broken)
+    ev = make_evaluator()
+    for role in ROLES:
+        exc = refused(endpoint(ev, role).get_spec)
+        assert exc.code == grpc.StatusCode.INTERNAL
+        assert exc.details == "internal evaluator error in GetSpec; see the evaluator log"
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [r.getMessage() for r in errors] == ["agent endpoint: GetSpec failed", "harness endpoint: GetSpec failed"]
+    assert all("private detail of the evaluator" in (r.exc_text or "") for r in errors)
+    assert_alive(ev)
+
+
+def test_an_event_log_that_cannot_be_written_is_internal_and_logged(evaluator, caplog, monkeypatch):
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(evaluator.state.events, "rpc", broken)
+    exc = refused(evaluator.agent.get_spec)
+    assert exc.code == grpc.StatusCode.INTERNAL
+    assert "No space" not in exc.details
+    assert any("the event log could not be written" in r.getMessage() for r in caplog.records)
+
+
+def test_the_caps_docs_protocol_md_states_are_the_codes():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "protocol.md").read_text(encoding="utf-8")
+    caps = f"{ECHO_CHARS} / {MAX_STATUS_CHARS} / {MAX_STRING_CHARS} characters"
+    assert f"| a caller's value echoed in a message / a status message / a string in an event line | {caps} |" in doc
+    assert f"`env_id`, `session_id`, `batch_id`, `task_id`) | {MAX_ID_CHARS} characters |" in doc
+    assert f"| half its worker threads ({long_poll_slots(4)} of 4) |" in doc
+    assert f"queued or running batch evaluations | {Limits().max_pending_batches} per endpoint |" in doc

@@ -17,16 +17,17 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import safetensors.numpy
-from ale_evaluator.domains import DOMAINS
-from ale_evaluator.envs import make_env
-from ale_evaluator.seeds import hidden_seed
-from ale_evaluator.service import Limits
 from evaluator_helpers import code_of, commitment_of, wait_for_batch
 
 from ale import catalog
 from ale.client import AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import MAX_POLICY_BYTES, linear_policy, load_policy, save_policy
+from ale_evaluator.batch import LOCKSTEP_SLOTS
+from ale_evaluator.domains import DOMAINS
+from ale_evaluator.envs import make_env
+from ale_evaluator.seeds import hidden_seed
+from ale_evaluator.service import Limits
 
 # CartPole: push toward the lean only (falls in a few dozen steps) / a balancing controller (500 steps).
 FALLING = linear_policy(np.array([[0.0, 0.0, -1.0, 0.0], [0.0, 0.0, 1.0, 0.0]]), output="discrete")
@@ -227,20 +228,20 @@ def test_get_eval_result_of_a_non_official_batch_from_the_harness(evaluator):
 # -- queue limits --------------------------------------------------------------------------------
 
 
-def test_pending_batch_limit_is_resource_exhausted_until_the_queue_drains(make_evaluator):
+def test_pending_batch_limit_is_per_endpoint_and_resource_exhausted_until_the_queue_drains(make_evaluator):
     ev = make_evaluator(limits=Limits(max_pending_batches=1))
     long = ev.agent.submit_batch_eval(BALANCING, num_episodes=10_000, seed=0)
     with pytest.raises(AleEnvError) as info:
         ev.agent.submit_batch_eval(FALLING, num_episodes=1)
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "queued" in info.value.details
-    assert code_of(ev.harness.submit_batch_eval, FALLING, official=True, num_episodes=1) == (
-        grpc.StatusCode.RESOURCE_EXHAUSTED
-    )
     running = ev.agent.get_batch_eval_status(long.batch_id)
     assert running.state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING)
     assert running.episodes_done < running.num_episodes
     assert not running.HasField("result")
+    # The harness's queue is its own: the agent's full queue does not touch it.
+    own = ev.harness.submit_batch_eval(FALLING, num_episodes=1)
+    assert wait_for_batch(ev.harness, own.batch_id).state == pb.BATCH_STATE_DONE
 
     partial = ev.harness.get_eval_result(long.batch_id, finalize=True)  # cancels the batch
     assert not partial.complete
@@ -249,16 +250,31 @@ def test_pending_batch_limit_is_resource_exhausted_until_the_queue_drains(make_e
     assert wait_for_batch(ev.agent, again.batch_id).state == pb.BATCH_STATE_DONE
 
 
-def test_the_default_queue_holds_four_batches(evaluator):
+def test_many_small_agent_batches_do_not_grow_the_evaluators_memory_without_bound(make_evaluator):
+    # issue 10 (evaluator report): every finished batch was kept, so an agent submitting many small
+    # batches grew the evaluator without limit. The oldest finished agent batches are forgotten.
+    ev = make_evaluator(limits=Limits(max_finished_batches=3))
+    official = ev.harness.submit_batch_eval(FALLING, num_episodes=1)  # the harness's: never dropped
+    wait_for_batch(ev.harness, official.batch_id)
+    ids = []
+    for i in range(8):
+        ids.append(ev.agent.submit_batch_eval(FALLING, num_episodes=1, seed=i).batch_id)
+        wait_for_batch(ev.agent, ids[-1])
+    agent_kept = [b for b, job in ev.state.batches.items() if job.owner == "agent"]
+    assert agent_kept == ids[-3:]
+    assert code_of(ev.agent.get_batch_eval_status, ids[0]) == grpc.StatusCode.NOT_FOUND
+    assert ev.harness.get_batch_eval_status(official.batch_id).state == pb.BATCH_STATE_DONE
+    assert ev.agent.get_batch_eval_status(ids[-1]).state == pb.BATCH_STATE_DONE
+
+
+def test_each_endpoint_queues_four_batches_and_runs_them_one_at_a_time(evaluator):
     ev = evaluator
-    queued = [ev.agent.submit_batch_eval(BALANCING, num_episodes=10_000).batch_id for _ in range(2)]
-    queued += [ev.harness.submit_batch_eval(BALANCING, official=True, num_episodes=10_000).batch_id for _ in range(2)]
-    for client, official in ((ev.agent, False), (ev.harness, True), (ev.harness, False)):
-        code = code_of(client.submit_batch_eval, FALLING, official=official, num_episodes=1)
-        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    states = {ev.harness.get_batch_eval_status(b).state for b in queued}
-    assert states <= {pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING}
-    assert pb.BATCH_STATE_PENDING in states, "jobs run one at a time"
+    for client in (ev.agent, ev.harness):
+        queued = [client.submit_batch_eval(BALANCING, num_episodes=10_000).batch_id for _ in range(4)]
+        assert code_of(client.submit_batch_eval, FALLING, num_episodes=1) == grpc.StatusCode.RESOURCE_EXHAUSTED
+        states = {ev.harness.get_batch_eval_status(b).state for b in queued}
+        assert states <= {pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING}
+        assert pb.BATCH_STATE_PENDING in states, "an endpoint's jobs run one at a time"
 
 
 # -- policies that do not fit the task -----------------------------------------------------------
@@ -346,11 +362,11 @@ def _hostile_cases() -> list:
         ("truncated-header", valid[:40], "header length is out of range"),
         ("huge-header-length", _header_claiming(2**64 - 1, b"{}"), "header length is out of range"),
         ("header-over-1mib", _header_claiming((1 << 20) + 1, b" " * ((1 << 20) + 1)), "header length is out of range"),
-        ("header-not-json", _header_claiming(8, b"not json"), "not JSON"),
-        ("header-not-an-object", _header_claiming(2, b"[]"), "ale-policy"),
+        ("header-not-json", _header_claiming(8, b"not json"), "safetensors header: not valid JSON"),
+        ("header-not-an-object", _header_claiming(2, b"[]"), "header is not a JSON object"),
         ("pickle", pickle.dumps({"layer0.weight": np.zeros((2, 4))}), "safetensors"),
         ("no-metadata", safetensors.numpy.save(linear_tensors()), "ale-policy"),
-        ("architecture-not-json", artifact(linear_tensors(), "{"), "architecture is not JSON"),
+        ("architecture-not-json", artifact(linear_tensors(), "{"), "policy architecture: not valid JSON"),
         ("architecture-a-list", artifact(linear_tensors(), "[1, 2]"), "policy architecture"),
         (
             "wrong-format",
@@ -447,4 +463,174 @@ def test_wait_ms_over_the_limit_is_refused(evaluator):
     batch = evaluator.agent.submit_batch_eval(policy, num_episodes=1, seed=5)
     assert code_of(evaluator.agent.get_batch_eval_status, batch.batch_id, wait_ms=10_001) == (
         grpc.StatusCode.INVALID_ARGUMENT
+    )
+
+
+# -- issue 10: hostile headers, non-finite outputs, the task's mode, the agent's phase and budget -------
+
+
+def _with_header(header: bytes) -> bytes:
+    return struct.pack("<Q", len(header)) + header
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        pytest.param(_with_header(b"[" * 200_000 + b"]" * 200_000), "nested deeper", id="header-200k-nested"),
+        pytest.param(_with_header(b'{"__metadata__": {"ale-policy": 7}}'), "must be a string", id="ale-policy-number"),
+        pytest.param(
+            _with_header(b'{"__metadata__": {"ale-policy": "{\\"observation_dim\\": ' + b"9" * 5000 + b'}"}}'),
+            "policy architecture: not valid JSON",
+            id="architecture-integer-of-5000-digits",
+        ),
+        pytest.param(
+            _with_header(b'{"__metadata__": {"ale-policy": "{}"}, "x": ' + b"9" * 5000 + b"}"),
+            "safetensors header: not valid JSON",
+            id="header-integer-of-5000-digits",
+        ),
+    ],
+)
+@pytest.mark.parametrize("role", ["agent", "harness"])
+def test_submit_batch_eval_with_a_hostile_policy_header_is_invalid_argument_not_internal(evaluator, role, raw, message):
+    """Point 13: these gave INTERNAL (RecursionError, TypeError, ValueError out of json.loads)."""
+    client = evaluator.agent if role == "agent" else evaluator.harness
+    with pytest.raises(AleEnvError) as info:
+        client.submit_batch_eval(raw, official=role == "harness", num_episodes=1)
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in info.value.details
+    assert not evaluator.state.batches
+
+
+def _overflowing(inputs: int, outputs: int, *, nan: bool) -> list[tuple[np.ndarray, np.ndarray, str]]:
+    """Two layers whose output is +inf (or, with ``nan``, inf - inf) for any small observation."""
+    w1 = np.full((outputs, 2), 1e200)
+    if nan:
+        w1[:, 1] = -1e200
+    return [(np.zeros((2, inputs)), np.full(2, 1e200), "identity"), (w1, np.zeros(outputs), "identity")]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy reports the overflow the policy is built to cause
+@pytest.mark.parametrize("squash", ["clip", "tanh"])
+def test_a_box_policy_whose_output_overflows_to_inf_aborts_with_policy_error_not_clipped(make_evaluator, squash):
+    """Point 16: +inf on a Box output was clipped to the bound (tanh: squashed to it) and the episode ran on."""
+    ev = make_evaluator("pendulum-lqr")
+    policy = save_policy(_overflowing(4, 1, nan=False), output=squash)
+    status = wait_for_batch(ev.agent, ev.agent.submit_batch_eval(policy, num_episodes=2, seed=0).batch_id)
+    assert status.state == pb.BATCH_STATE_DONE, status.error
+    assert [(e.aborted, e.abort_reason, e.length) for e in status.result.episodes] == [(True, "policy_error", 0)] * 2
+    assert status.result.passed_episodes == 0
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("nan", [False, True], ids=["inf", "nan"])
+@pytest.mark.parametrize("episodes", [2, 40], ids=["one-at-a-time", "side-by-side"])
+def test_a_discrete_policy_whose_output_is_not_finite_aborts_with_policy_error(evaluator, nan, episodes):
+    """Point 16: discrete outputs never aborted: the arg-max of [inf, inf] or [nan, nan] is action 0."""
+    policy = save_policy(_overflowing(4, 2, nan=nan), output="discrete")
+    status = wait_for_batch(evaluator.agent, evaluator.agent.submit_batch_eval(policy, num_episodes=episodes).batch_id)
+    assert status.state == pb.BATCH_STATE_DONE, status.error
+    reasons = {(e.aborted, e.abort_reason, e.length) for e in status.result.episodes}
+    assert reasons == {(True, "policy_error", 0)}
+    assert len(status.result.episodes) == episodes
+
+
+def test_an_interactive_task_refuses_an_official_batch_and_records_no_batch_result(make_evaluator):
+    """Point 17: an interactive task accepted an official SubmitBatchEval and recorded a mode=batch result."""
+    ev = make_evaluator("pendulum-lqr")
+    policy = linear_policy(np.array([[1.0, 10.0, 0.5, 1.0]]), output="clip")
+    with pytest.raises(AleEnvError) as info:
+        ev.harness.submit_batch_eval(policy, official=True, num_episodes=2)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "pendulum-lqr is an interactive task" in info.value.details
+    assert "eval session" in info.value.details
+    assert not ev.state.batches
+    assert '"batch_submitted"' not in ev.events.getvalue()
+
+
+def test_a_batch_task_refuses_official_environments_and_eval_sessions(evaluator):
+    for call in (lambda: evaluator.harness.create_env(official=True),
+                 lambda: evaluator.harness.start_eval_session("env-0000")):  # fmt: skip
+        with pytest.raises(AleEnvError) as info:
+            call()
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        assert "cartpole-balance is a batch task" in info.value.details
+    assert not evaluator.state.sessions
+    assert not any(g.official for g in evaluator.state.groups.values())
+
+
+def test_practice_batches_run_on_any_task_from_either_endpoint(make_evaluator):
+    """The agent may try a policy artifact on an interactive task too (its own seeds, never official)."""
+    ev = make_evaluator("pendulum-lqr")
+    policy = linear_policy(np.array([[1.0, 10.0, 0.5, 1.0]]), output="clip")
+    for client in (ev.agent, ev.harness):
+        status = wait_for_batch(client, client.submit_batch_eval(policy, num_episodes=2, seed=3).batch_id)
+        assert status.state == pb.BATCH_STATE_DONE, status.error
+        assert status.result.mode == "batch"
+        assert not status.result.official
+
+
+def test_a_full_agent_queue_never_delays_or_refuses_the_official_batch(evaluator):
+    """Point 10: an agent queued huge batches and left; the official batch sat at 0/3, or was refused."""
+    ev = evaluator
+    agent_jobs = [ev.agent.submit_batch_eval(BALANCING, num_episodes=10_000).batch_id for _ in range(4)]
+    assert code_of(ev.agent.submit_batch_eval, FALLING, num_episodes=1) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    official = ev.harness.submit_batch_eval(FALLING, official=True, num_episodes=3)
+    status = wait_for_batch(ev.harness, official.batch_id)
+    assert status.state == pb.BATCH_STATE_DONE, status.error
+    assert ev.harness.get_eval_result(official.batch_id, finalize=True).complete
+    for batch_id in agent_jobs:
+        ended = wait_for_batch(ev.agent, batch_id)
+        assert ended.state == pb.BATCH_STATE_FAILED
+        assert ended.error == "cancelled: the agent phase is over (the official evaluation started)"
+        assert ended.episodes_done < 10_000
+
+
+@pytest.mark.parametrize("official_call", ["CreateEnv", "StartEvalSession", "SubmitBatchEval"])
+def test_the_first_official_call_on_the_harness_endpoint_ends_the_agent_phase(make_evaluator, official_call):
+    ev = make_evaluator(mode="batch" if official_call == "SubmitBatchEval" else "interactive")
+    running = ev.agent.submit_batch_eval(BALANCING, num_episodes=10_000).batch_id
+    assert ev.harness.submit_batch_eval(FALLING, num_episodes=1)  # non-official: the agent's phase goes on
+    assert ev.agent.get_batch_eval_status(running).state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING)
+    if official_call == "CreateEnv":
+        ev.harness.create_env(official=True)
+    elif official_call == "StartEvalSession":
+        assert code_of(ev.harness.start_eval_session, "env-0000") == grpc.StatusCode.NOT_FOUND
+    else:
+        ev.harness.submit_batch_eval(FALLING, official=True, num_episodes=1)
+    assert wait_for_batch(ev.agent, running).error.startswith("cancelled: the agent phase is over")
+    with pytest.raises(AleEnvError) as info:
+        ev.agent.submit_batch_eval(FALLING, num_episodes=1)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "the agent phase is over" in info.value.details
+    # The policy's own environments still work (an interactive policy may create them).
+    env_id = ev.agent.create_env().env_id
+    ev.agent.reset(env_id, seed=1)
+
+
+def test_an_agent_batch_past_the_env_step_budget_is_stopped_and_more_work_refused(make_evaluator):
+    """Point 10: the budget is enforced for batches too (counted as each episode ends)."""
+    ev = make_evaluator(env_step_budget=2_000)
+    env_id = ev.agent.create_env().env_id
+    ev.agent.reset(env_id, seed=0)
+    ev.agent.step(env_id, np.array([1]))
+    batch = ev.agent.submit_batch_eval(BALANCING, num_episodes=100, seed=0)  # 500 steps an episode
+    status = wait_for_batch(ev.agent, batch.batch_id)
+    assert status.state == pb.BATCH_STATE_FAILED
+    assert status.error.startswith("stopped: the agent's env-step budget of 2000 steps is used up")
+    used = ev.state.budget.used
+    assert 2_000 < used <= 2_000 + 1 + LOCKSTEP_SLOTS * 500, "the overshoot is at most the episodes in flight"
+    assert status.episodes_done < 100
+    for call in (lambda: ev.agent.step(env_id, np.array([1])),
+                 lambda: ev.agent.submit_batch_eval(FALLING, num_episodes=1)):  # fmt: skip
+        with pytest.raises(AleEnvError) as info:
+            call()
+        assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "env-step budget of 2000 steps is used up" in info.value.details
+    assert ev.state.budget.used == used, "refused work takes no steps"
+    # The harness is not the agent: its steps and batches are never refused for the agent's budget.
+    harness_env = ev.harness.create_env().env_id
+    ev.harness.reset(harness_env, seed=0)
+    ev.harness.step(harness_env, np.array([1]))
+    assert wait_for_batch(ev.harness, ev.harness.submit_batch_eval(FALLING, num_episodes=1).batch_id).state == (
+        pb.BATCH_STATE_DONE
     )

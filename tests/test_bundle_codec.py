@@ -71,7 +71,9 @@ def test_bundle_from_the_reference_cli_unpacks(tmp_path: Path) -> None:
 
 
 def _complete(*extra: tuple) -> list[tuple]:
-    return [_member(n, data=FILES[n]) for n in ALLOWED_FILES] + list(extra)
+    """The eight files and ``extra``, in ascending byte order of their names (as canonical)."""
+    members = [_member(n, data=FILES[n]) for n in ALLOWED_FILES] + list(extra)
+    return sorted(members, key=lambda m: m[0].name.encode())
 
 
 @pytest.mark.parametrize(

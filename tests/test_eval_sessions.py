@@ -13,18 +13,24 @@ import json
 import grpc
 import numpy as np
 import pytest
-from ale_evaluator.domains import DOMAINS
-from ale_evaluator.envs import make_env
-from ale_evaluator.seeds import RunConfig, hidden_seed
-from ale_evaluator.service import Limits
 from evaluator_helpers import code_of, commitment_of
 
 from ale import catalog
 from ale.client import AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.protocol import decode_tensor
+from ale_evaluator.domains import DOMAINS
+from ale_evaluator.envs import make_env
+from ale_evaluator.seeds import RunConfig, hidden_seed
+from ale_evaluator.service import Limits
 
 OTHER_CONFIG = RunConfig(run_id="test-run-0001", secret=bytes(range(1, 33)))
+
+
+@pytest.fixture
+def evaluator(make_evaluator):
+    """CartPole's evaluator with the task made interactive: eval sessions on the cheapest simulator."""
+    return make_evaluator("cartpole-balance", mode="interactive")
 
 
 def falling(obs: np.ndarray) -> int:
@@ -79,7 +85,7 @@ def test_a_complete_session_records_every_episode_with_its_seed_commitment(evalu
         played.append((total, length, terminated))
 
     result = ev.harness.get_eval_result(session.session_id, finalize=True)
-    task = catalog.get_task("cartpole-balance")
+    task = ev.state.task
     assert result.session_id == session.session_id
     assert result.run_id == ev.config.run_id
     assert (result.task_id, result.task_version, result.task_digest) == (
@@ -132,7 +138,8 @@ def test_official_episodes_start_from_the_hidden_seeds(evaluator):
 
 def test_client_seeds_are_ignored_in_an_eval_session(make_evaluator):
     n = 3
-    first, second, other_secret = make_evaluator(), make_evaluator(), make_evaluator(config=OTHER_CONFIG)
+    first, second = make_evaluator(mode="interactive"), make_evaluator(mode="interactive")
+    other_secret = make_evaluator(mode="interactive", config=OTHER_CONFIG)
 
     def first_observations(ev, seeds):
         session = open_session(ev, n)
@@ -318,7 +325,7 @@ def test_official_env_has_one_copy_and_no_autoreset(evaluator):
 
 
 def test_start_eval_session_checks_its_environment(make_evaluator):
-    ev = make_evaluator(limits=Limits(max_episodes=10))
+    ev = make_evaluator(limits=Limits(max_episodes=10), mode="interactive")
     harness = ev.harness
     plain = harness.create_env().env_id
     assert code_of(harness.start_eval_session, plain, 1) == grpc.StatusCode.FAILED_PRECONDITION

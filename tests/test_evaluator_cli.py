@@ -16,14 +16,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import ale_evaluator
 import numpy as np
 import pytest
-from ale_evaluator.seeds import RunConfig, hidden_seed
 
+import ale_evaluator
 from ale import catalog
-from ale.client import AleEnvClient
-from ale.protocol import decode_tensor
+from ale.client import AleEnvClient, AleEnvError
+from ale.env.v1 import env_pb2 as pb
+from ale.policy import linear_policy
+from ale_evaluator.seeds import RunConfig, hidden_seed
 
 EVALUATOR = [sys.executable, "-m", "ale_evaluator"]
 SECRET = hashlib.sha256(b"ale cli test").digest()
@@ -92,7 +93,7 @@ def leaks(text: str, n: int) -> list[str]:
 # -- serve -------------------------------------------------------------------------------------------
 
 
-def test_serve_runs_an_official_session_and_stops_cleanly_on_sigterm(sock_dir):
+def test_serve_runs_an_official_evaluation_and_stops_cleanly_on_sigterm(sock_dir):
     events_path = sock_dir / "events.jsonl"
     proc = run_with_config_fd([*serve_args(sock_dir), "--events", str(events_path)], CONFIG_JSON)
     try:
@@ -114,16 +115,12 @@ def test_serve_runs_an_official_session_and_stops_cleanly_on_sigterm(sock_dir):
 
         n = 2
         harness, agent = AleEnvClient(ready["harness"], timeout=30), AleEnvClient(ready["agent"], timeout=30)
-        official = harness.create_env(official=True)
-        session = harness.start_eval_session(official.env_id, num_episodes=n)
-        for _ in range(n):
-            obs = decode_tensor(agent.reset(session.env_id, seed=1).observation)[0]
-            done = False
-            while not done:
-                reply = agent.step(session.env_id, np.array([int(obs[2] > 0)]))
-                obs = decode_tensor(reply.observation)[0]
-                done = bool(decode_tensor(reply.terminated)[0] or decode_tensor(reply.truncated)[0])
-        result = harness.get_eval_result(session.session_id, finalize=True)
+        # CartPole is a batch task: its official evaluation is an official batch on hidden seeds.
+        falling = linear_policy(np.array([[0.0, 0.0, -1.0, 0.0], [0.0, 0.0, 1.0, 0.0]]), output="discrete")
+        batch = harness.submit_batch_eval(falling, official=True, num_episodes=n)
+        status = harness.get_batch_eval_status(batch.batch_id, wait_ms=10_000)
+        assert status.state == pb.BATCH_STATE_DONE, status.error
+        result = harness.get_eval_result(batch.batch_id, finalize=True)
         assert result.complete
         assert result.run_id == CONFIG.run_id
         harness.close()
@@ -137,7 +134,7 @@ def test_serve_runs_an_official_session_and_stops_cleanly_on_sigterm(sock_dir):
     events = [json.loads(x) for x in events_path.read_text().splitlines()]
     kinds = [e["kind"] for e in events]
     assert kinds[0] == "evaluator_ready"
-    assert "eval_session_start" in kinds
+    assert "batch_submitted" in kinds
     assert "eval_result" in kinds
     ends = [e for e in events if e["kind"] == "episode_end"]
     assert [e["index"] for e in ends] == list(range(n))
@@ -176,6 +173,12 @@ def test_sigint_also_stops_serve_cleanly(sock_dir):
         ),
         pytest.param(json.dumps({"run_id": "bad id!", "secret": SECRET.hex()}).encode(), "run_id", id="bad-run-id"),
         pytest.param(json.dumps({"run_id": "r", "secret": SECRET.hex(), "x": 1}).encode(), "exactly", id="extra-key"),
+        pytest.param(b'{"run_id":' * 50 + b"1" + b"}" * 50, "depth limit", id="deep"),
+        pytest.param(
+            b'{"run_id": "r", "secret": "' + SECRET.hex().encode() + b'", "secret": "' + SECRET.hex().encode() + b'"}',
+            "not valid JSON",
+            id="duplicate-secret-key-not-echoed",
+        ),
     ],
 )
 def test_a_bad_run_config_exits_2_without_echoing_the_secret(sock_dir, config, message):
@@ -328,12 +331,11 @@ def test_serve_keeps_its_threads_to_one_cpu_but_not_its_batches(sock_dir):
         # library started while being imported, before, such as a BLAS pool, keep theirs).
         assert _allowed(proc.pid, proc.pid) == {cpus[-1]}
         assert all(_allowed(proc.pid, t) == {cpus[-1]} for t in grpc_threads)
-        from ale.policy import linear_policy
 
         batch = agent.submit_batch_eval(linear_policy(np.zeros((2, 4)), output="discrete"), num_episodes=2, seed=1)
         agent.get_batch_eval_status(batch.batch_id, wait_ms=10_000)
         new = {int(t) for t in os.listdir(f"/proc/{proc.pid}/task")} - threads
-        batch_threads = [t for t in new if _comm(proc.pid, t) == "ale-batch"]
+        batch_threads = [t for t in new if _comm(proc.pid, t) == "ale-batch-agent"]  # the agent endpoint's worker
         assert len(batch_threads) == 1
         assert _allowed(proc.pid, batch_threads[0]) == set(cpus), "the batch thread may use every CPU"
         agent.close()
@@ -413,3 +415,45 @@ def test_one_step_thread_means_no_helpers(sock_dir):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
+
+
+def test_serve_refuses_the_agents_steps_past_its_env_step_budget(sock_dir):
+    proc = run_with_config_fd([*serve_args(sock_dir), "--env-step-budget", "3"], CONFIG_JSON)
+    try:
+        ready = json.loads(read_line(proc))
+        agent = AleEnvClient(ready["agent"], timeout=30)
+        env_id = agent.create_env().env_id
+        agent.reset(env_id, seed=0)
+        for _ in range(4):  # the step that crosses the budget is taken: the total is then past it
+            agent.step(env_id, np.array([1]))
+        with pytest.raises(AleEnvError) as info:
+            agent.step(env_id, np.array([1]))
+        assert info.value.code.name == "RESOURCE_EXHAUSTED"
+        assert info.value.details == "the agent's env-step budget of 3 steps is used up (4 steps taken)"
+        agent.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_env_step_budget_none_is_accepted_and_serves(sock_dir):
+    proc = run_with_config_fd([*serve_args(sock_dir), "--env-step-budget", "none"], CONFIG_JSON)
+    try:
+        agent = AleEnvClient(json.loads(read_line(proc))["agent"], timeout=30)
+        env_id = agent.create_env(num_envs=64, autoreset_mode=pb.AUTORESET_MODE_SAME_STEP).env_id
+        agent.reset(env_id, seed=0)
+        for _ in range(10):
+            agent.step(env_id, np.ones(64, dtype=np.int64))
+        agent.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "lots", "", "9" * 16])
+def test_a_bad_env_step_budget_is_refused(sock_dir, value):
+    result = run(*serve_args(sock_dir), "--env-step-budget", value)
+    assert result.returncode == 2
+    assert "expected a positive number of steps, 'task' or 'none'" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -8,13 +8,13 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
-from ale_evaluator.envs import make_env
-from ale_evaluator.seeds import hidden_seed
 from gymnasium.utils.env_checker import check_env
 
 from ale import catalog
 from ale.client import AleEnvError, RemoteEnv, RemoteVectorEnv
 from ale.env.v1 import env_pb2 as pb
+from ale_evaluator.envs import make_env
+from ale_evaluator.seeds import hidden_seed
 
 
 def local_env(task_id: str) -> gym.Env:
@@ -145,8 +145,8 @@ def test_remote_env_reports_refusals_as_ale_env_errors(evaluator):
     env.close()
 
 
-def test_policy_attaches_to_an_eval_session_handle_until_finalize(evaluator):
-    ev, n = evaluator, 2
+def test_policy_attaches_to_an_eval_session_handle_until_finalize(make_evaluator):
+    ev, n = make_evaluator(mode="interactive"), 2
     official = ev.harness.create_env(official=True)
     session = ev.harness.start_eval_session(official.env_id, num_episodes=n)
     env = RemoteEnv(ev.agent_address, env_id=session.env_id)
@@ -175,10 +175,11 @@ def test_policy_attaches_to_an_eval_session_handle_until_finalize(evaluator):
     local.close()
 
 
-def test_an_official_env_handle_without_a_session_is_denied_to_the_client(evaluator):
-    official = evaluator.harness.create_env(official=True)
+def test_an_official_env_handle_without_a_session_is_denied_to_the_client(make_evaluator):
+    ev = make_evaluator(mode="interactive")
+    official = ev.harness.create_env(official=True)
     with pytest.raises(AleEnvError) as info:
-        RemoteEnv(evaluator.agent_address, env_id=official.env_id)
+        RemoteEnv(ev.agent_address, env_id=official.env_id)
     assert info.value.code == grpc.StatusCode.PERMISSION_DENIED
 
 

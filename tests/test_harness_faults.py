@@ -28,12 +28,14 @@ import pytest
 import trio
 
 from ale import catalog
+from ale.core.canonical import canonical_json
 from ale.core.trajectory import verify_chain
 from ale.runner import agent_env, bundle_writer
 from ale.runner.harness import AgentSpec, Harness, RunError, RunOptions, RunRecord
 from ale.runner.inspect import offline_check
 from ale.runner.local import KILL_GRACE_S, MAX_STREAM_BYTES, LocalRuntime
 from ale.runner.progress import PlainProgress
+from ale.runner.recorder import BUDGETS
 from ale.runner.runtime import EvaluatorSpec, LineSink, SandboxResult
 from ale.runner.sandbox import Limits, SandboxSpec
 
@@ -140,7 +142,7 @@ def _kept_trajectory(folder: Path) -> list[dict[str, Any]]:
     """The one incomplete trajectory the harness left in ``folder``, chain-checked."""
     (kept,) = folder.glob("*.incomplete.jsonl")
     raw = kept.read_bytes()
-    verify_chain(raw)
+    verify_chain(raw, incomplete=True)
     return [json.loads(line) for line in raw.splitlines()]
 
 
@@ -175,8 +177,8 @@ async def test_crashing_agent_leaves_an_honest_not_completed_run(tmp_path: Path)
     report = offline_check(await trio.Path(path).read_bytes(), str(identity))
     (task,) = report.results.tasks
     assert (task.status, task.reason) == ("not_completed", o.reason)
-    assert report.claimed["aggregate"]["macro_mean"] is None
-    assert report.manifest["tasks"][0]["agent"]["exit_status"] == 1
+    assert report.claimed.aggregate.macro_mean is None
+    assert report.manifest.tasks[0].agent.exit_status == 1
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV])
@@ -239,6 +241,8 @@ async def test_hanging_agent_gets_sigterm_before_sigkill() -> None:
 
 
 async def test_stdout_flood_is_capped_and_counted() -> None:
+    """The runtime passes 8 MiB of a stream; the recorder keeps the agent.stdout channel's budget
+    of trajectory lines and counts the rest in one events_dropped event."""
     line_bytes, lines = 1024, 50 * 1024  # 50 MiB
     code = (
         "import sys\n"
@@ -254,32 +258,49 @@ async def test_stdout_flood_is_capped_and_counted() -> None:
     kept = run.stdout()
     assert kept
     assert set(kept) == {"x" * (line_bytes - 1)}
-    kept_bytes = len(kept) * line_bytes
-    assert MAX_STREAM_BYTES - line_bytes <= kept_bytes <= MAX_STREAM_BYTES + line_bytes
+    passed = MAX_STREAM_BYTES // line_bytes  # what the runtime passed on
     (truncated,) = run.of("output_truncated")
-    assert truncated["dropped_bytes"] == total - kept_bytes
+    assert truncated["dropped_bytes"] == total - passed * line_bytes
+    (dropped,) = run.of("events_dropped")
+    assert dropped["channel"] == "agent.stdout"
+    assert dropped["budget_bytes"] == BUDGETS["agent.stdout"]
+    assert dropped["events"] == passed - len(kept)
+    assert dropped["bytes"] == dropped["events"] * line_bytes
+    written = sum(len(canonical_json(e)) + 1 for e in run.events if e["kind"] == "stdout")
+    assert BUDGETS["agent.stdout"] <= written <= BUDGETS["agent.stdout"] + 2 * line_bytes
     # stderr has its own budget; the run goes on to the end.
     assert [d["text"] for d in run.of("stderr", "untrusted_agent")] == ["done flooding"]
     assert run.outcome.agent["exit_status"] == 0
     assert run.kinds("trusted_harness")[-1] == "run_finished"
 
 
-async def test_agent_filling_its_workspace_is_stopped_for_disk() -> None:
+async def test_agent_filling_its_workspace_hits_the_limit() -> None:
+    """On a size-limited workspace filesystem (root) the write past the limit fails with ENOSPC;
+    where the runtime cannot mount one, the watchdog stops the agent for disk."""
     limit = 16 * 1024 * 1024
     code = (
-        "import os, time\n"
+        "import errno, os, sys, time\n"
         "chunk = os.urandom(4 * 1024 * 1024)\n"
         "for i in range(64):  # at most 256 MiB, whatever happens\n"
-        "    with open(f'/workspace/fill{i}', 'wb') as fh:\n"
-        "        fh.write(chunk)\n"
+        "    try:\n"
+        "        with open(f'/workspace/fill{i}', 'wb') as fh:\n"
+        "            fh.write(chunk)\n"
+        "    except OSError as exc:\n"
+        "        print('full', errno.errorcode[exc.errno], flush=True)\n"
+        "        sys.exit(0)\n"
         "    time.sleep(0.02)\n"
         "time.sleep(600)\n"
     )
     started = time.monotonic()
-    run = await run_harness(_options(code, agent_time=60, limits=Limits(workspace_bytes=limit)))
+    runtime = LocalRuntime()
+    run = await run_harness(_options(code, agent_time=60, limits=Limits(workspace_bytes=limit)), runtime=runtime)
     o = run.outcome
-    assert o.agent["stopped_for"] == "disk"
-    assert o.agent["exit_status"] is None
+    if runtime.isolation.mounts:
+        assert run.stdout() == ["full ENOSPC"]
+        assert o.agent["exit_status"] == 0
+    else:
+        assert o.agent["stopped_for"] == "disk"
+        assert o.agent["exit_status"] is None
     assert time.monotonic() - started < 20
     assert o.status == "not_completed"
 

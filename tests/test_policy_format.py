@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import pickle
@@ -10,10 +11,18 @@ import struct
 import numpy as np
 import pytest
 import safetensors.numpy
+from fuzzing import fuzz_settings, hostile_json, json_values
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ale.policy import MAX_POLICY_BYTES, PolicyError, linear_policy, load_policy, save_policy
+from ale.policy import (
+    MAX_POLICY_BYTES,
+    PolicyError,
+    PolicyOutputError,
+    linear_policy,
+    load_policy,
+    save_policy,
+)
 
 
 def _artifact(tensors: dict[str, np.ndarray], arch: dict[str, object]) -> bytes:
@@ -87,7 +96,7 @@ def test_save_load_round_trip_preserves_the_function(widths: list[int], activati
         (b"", "too short"),
         (b"\x00" * 7, "too short"),
         (struct.pack("<Q", 2**40) + b"{}", "header length"),
-        (struct.pack("<Q", 2) + b"{]", "not JSON"),
+        (struct.pack("<Q", 2) + b"{]", "not valid JSON"),
         (pickle.dumps({"w": [1, 2, 3]}), "header length"),
         (_artifact(GOOD, _arch())[:-5], "safetensors"),
         (safetensors.numpy.save(GOOD), "ale-policy"),
@@ -147,3 +156,167 @@ def test_a_flipped_byte_is_refused_or_still_a_valid_policy(position: int, value:
     except PolicyError:
         return
     assert np.all(np.isfinite(policy.forward(np.ones((1, policy.architecture.observation_dim)))))
+
+
+# -- the header and the architecture are untrusted JSON ------------------------------------------------
+
+
+def _with_header(header: bytes, data: bytes = b"") -> bytes:
+    """A safetensors file whose JSON header is exactly ``header``."""
+    return struct.pack("<Q", len(header)) + header + data
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def _meta(value: str) -> bytes:
+    return json.dumps({"__metadata__": {"ale-policy": value}}).encode()
+
+
+HUGE_INTEGER = "9" * 5000  # past Python's 4300-digit int(str) limit
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        pytest.param(
+            _with_header(_nested(200_000)), "safetensors header: nested deeper", id="header-200k-nested-arrays"
+        ),
+        pytest.param(
+            _with_header(b'{"__metadata__": {"ale-policy": "x"}, "w": ' + _nested(5000) + b"}"),
+            "safetensors header: nested deeper",
+            id="header-nested-inside-a-tensor",
+        ),
+        pytest.param(
+            _with_header(b'{"__metadata__": {"ale-policy": 7}}'), "is a JSON number", id="ale-policy-a-number"
+        ),
+        pytest.param(
+            _with_header(b'{"__metadata__": {"ale-policy": {"format": "ale-policy/v1"}}}'),
+            "is a JSON object; it must be a string",
+            id="ale-policy-an-object",
+        ),
+        pytest.param(_with_header(b'{"__metadata__": {"ale-policy": null}}'), "is a JSON null", id="ale-policy-null"),
+        pytest.param(_with_header(b'{"__metadata__": {"ale-policy": ["a"]}}'), "is a JSON array", id="ale-policy-list"),
+        pytest.param(_with_header(b'{"__metadata__": ["ale-policy"]}'), "'ale-policy' entry", id="metadata-a-list"),
+        pytest.param(
+            _with_header(b'{"__metadata__": {"ale-policy": "{}"}, "n": ' + HUGE_INTEGER.encode() + b"}"),
+            "safetensors header: not valid JSON (number is infinity",
+            id="header-integer-of-5000-digits",
+        ),
+        pytest.param(
+            _with_header(_meta('{"observation_dim": ' + HUGE_INTEGER + "}")),
+            "policy architecture: not valid JSON (number is infinity",
+            id="architecture-integer-of-5000-digits",
+        ),
+        pytest.param(
+            _with_header(_meta(_nested(100_000).decode())), "policy architecture: nested deeper", id="architecture-deep"
+        ),
+        pytest.param(
+            _with_header(b'{"__metadata__": {"ale-policy": "{}"}, "__metadata__": {}}'),
+            "duplicate object key",
+            id="header-duplicate-key",
+        ),
+        pytest.param(
+            _with_header(_meta('{"format": "ale-policy/v1", "format": "ale-policy/v1"}')),
+            "duplicate object key",
+            id="architecture-duplicate-key",
+        ),
+    ],
+)
+def test_a_header_that_is_hostile_json_is_refused_with_policy_error_not_a_crash(raw: bytes, needle: str) -> None:
+    """Issue 10, point 13: deep nesting, a non-string ale-policy, 5000-digit integers: each a PolicyError."""
+    with pytest.raises(PolicyError) as err:
+        load_policy(raw)
+    assert needle in str(err.value)
+    assert len(str(err.value)) < 400
+
+
+def test_a_parser_message_quoting_a_100k_character_value_is_cut() -> None:
+    layer = {"weight": "w", "bias": "b", "activation": "x" * 100_000}
+    with pytest.raises(PolicyError, match="policy architecture") as err:
+        load_policy(_artifact(GOOD, _arch(layers=[layer])))
+    assert len(str(err.value)) < 500
+    assert str(err.value).endswith(" characters cut]")
+
+
+def test_names_from_the_artifact_are_echoed_cut() -> None:
+    long = "n" * 100_000
+    raw = _artifact(GOOD, _arch(layers=[{"weight": long, "bias": "b", "activation": "identity"}]))
+    with pytest.raises(PolicyError, match="is named in the architecture but missing") as err:
+        load_policy(raw)
+    assert "(100000 characters)" in str(err.value)
+    assert len(str(err.value)) < 200
+    spare = {**GOOD, **{f"{'x' * 5000}{i}": np.zeros(1) for i in range(20)}}
+    with pytest.raises(PolicyError, match="20 tensors not used") as err:
+        load_policy(_artifact(spare, _arch()))
+    assert len(str(err.value)) < 800
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(
+    header=st.one_of(
+        hostile_json,
+        json_values.map(lambda v: json.dumps(v).encode()),
+        json_values.map(lambda v: json.dumps({"__metadata__": {"ale-policy": v}}).encode()),
+        json_values.map(lambda v: _meta(json.dumps(v))),
+        hostile_json.map(lambda raw: _meta(raw.decode("utf-8", "replace"))),
+    ),
+    data=st.binary(max_size=64),
+)
+def test_fuzz_the_policy_parser_raises_only_policy_error(header: bytes, data: bytes) -> None:
+    try:
+        policy = load_policy(_with_header(header, data))
+    except PolicyError as exc:
+        message = str(exc)
+        policy = None
+    if policy is None:
+        assert message
+        assert len(message) < 2000
+    else:
+        assert policy.architecture.observation_dim >= 1
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(
+    arch=json_values
+    | st.fixed_dictionaries(
+        {"format": st.just("ale-policy/v1")},
+        optional={
+            "observation_dim": json_values,
+            "normalizer": json_values,
+            "layers": json_values,
+            "output": json_values,
+        },
+    )
+)
+def test_fuzz_architectures_raise_only_policy_error(arch: object) -> None:
+    with contextlib.suppress(PolicyError):
+        load_policy(_artifact(GOOD, arch) if isinstance(arch, dict) else _with_header(_meta(json.dumps(arch))))
+
+
+# -- a non-finite output aborts the episode, whatever the output kind ---------------------------------
+
+
+def _overflowing(out: int, *, nan: bool = False) -> list[tuple[np.ndarray, np.ndarray, str]]:
+    """Two layers whose output overflows to +inf (or, with ``nan``, inf - inf) for any small observation."""
+    w0, b0 = np.full((2, 3), 1.0), np.full(2, 1e200)
+    w1 = np.full((out, 2), 1e200)
+    if nan:
+        w1[:, 1] = -1e200
+    return [(w0, b0, "identity"), (w1, np.zeros(out), "identity")]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("nan", [False, True], ids=["inf", "nan"])
+@pytest.mark.parametrize("output", ["clip", "tanh", "discrete"])
+def test_a_non_finite_output_raises_before_clipping_squashing_or_argmax(output: str, nan: bool) -> None:
+    """Issue 10, point 16: +inf was clipped to the bound, tanh(inf) is 1, argmax of [inf, inf] is 0."""
+    policy = load_policy(save_policy(_overflowing(2, nan=nan), output=output))  # type: ignore[arg-type]
+    obs = np.array([[0.1, -0.2, 0.3]])
+    assert not np.all(np.isfinite(policy.forward(obs)))
+    with pytest.raises(PolicyOutputError, match="not finite"):
+        policy.act(obs, np.array([-1.0, -1.0]), np.array([1.0, 1.0]))
+    assert isinstance(PolicyOutputError("x"), PolicyError)

@@ -7,23 +7,27 @@ environments with gymnasium's SAME_STEP autoreset.
 
 from __future__ import annotations
 
-import ale_evaluator
+import threading
+import time
+
 import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
-from ale_evaluator.envs import make_env
-from ale_evaluator.service import Limits
 from evaluator_helpers import code_of, wait_for_batch
 from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+import ale_evaluator
 from ale import catalog
 from ale.client import AleEnvClient, AleEnvError
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import linear_policy
 from ale.protocol import SERVICE_NAME, decode_space, decode_tensor
+from ale_evaluator.envs import make_env
+from ale_evaluator.server import start, unix_address
+from ale_evaluator.service import Limits
 
 ROLES = ["agent", "harness"]
 RPC_NAMES = {
@@ -50,6 +54,12 @@ def address(ev, role: str) -> str:
 
 def local_env(task_id: str = "cartpole-balance") -> gym.Env:
     return make_env(catalog.get_task(task_id))
+
+
+@pytest.fixture
+def interactive(make_evaluator):
+    """CartPole's evaluator with the task made interactive: its official path is an eval session."""
+    return make_evaluator("cartpole-balance", mode="interactive")
 
 
 @pytest.mark.parametrize("role", ROLES)
@@ -159,8 +169,8 @@ def test_non_official_batch_eval_reports_its_result_in_the_status(evaluator, rol
     assert [e.index for e in status.result.episodes] == [0, 1]
 
 
-def test_harness_endpoint_runs_the_harness_only_rpcs(evaluator):
-    harness = evaluator.harness
+def test_harness_endpoint_runs_the_harness_only_rpcs(evaluator, interactive):
+    harness = interactive.harness
     official = harness.create_env(official=True)
     assert official.spec.official
     assert official.spec.num_envs == 1
@@ -171,6 +181,7 @@ def test_harness_endpoint_runs_the_harness_only_rpcs(evaluator):
     partial = harness.get_eval_result(session.session_id)
     assert partial.session_id == session.session_id
     assert not partial.complete
+    harness = evaluator.harness  # a batch task's official evaluation is a batch
     batch = harness.submit_batch_eval(FALLING_CARTPOLE, official=True, num_episodes=2)
     status = wait_for_batch(harness, batch.batch_id)
     assert status.state == pb.BATCH_STATE_DONE, status.error
@@ -187,25 +198,25 @@ def test_agent_cannot_create_an_official_env(evaluator):
     assert code_of(evaluator.agent.create_env, official=True) == grpc.StatusCode.PERMISSION_DENIED
 
 
-def test_agent_cannot_start_an_eval_session_even_on_an_official_env(evaluator):
-    official = evaluator.harness.create_env(official=True).env_id
-    own = evaluator.agent.create_env().env_id
+def test_agent_cannot_start_an_eval_session_even_on_an_official_env(interactive):
+    official = interactive.harness.create_env(official=True).env_id
+    own = interactive.agent.create_env().env_id
     for env_id in (official, own, "env-unknown"):
-        assert code_of(evaluator.agent.start_eval_session, env_id, 1) == grpc.StatusCode.PERMISSION_DENIED
+        assert code_of(interactive.agent.start_eval_session, env_id, 1) == grpc.StatusCode.PERMISSION_DENIED
     # The refused attempt opened nothing: the harness can still start the session.
-    assert evaluator.harness.start_eval_session(official, num_episodes=1).env_id == official
+    assert interactive.harness.start_eval_session(official, num_episodes=1).env_id == official
 
 
-def test_agent_cannot_read_eval_results(evaluator):
-    official = evaluator.harness.create_env(official=True).env_id
-    session = evaluator.harness.start_eval_session(official, num_episodes=1)
+def test_agent_cannot_read_eval_results(interactive):
+    official = interactive.harness.create_env(official=True).env_id
+    session = interactive.harness.start_eval_session(official, num_episodes=1)
     for finalize in (False, True):
-        code = code_of(evaluator.agent.get_eval_result, session.session_id, finalize=finalize)
+        code = code_of(interactive.agent.get_eval_result, session.session_id, finalize=finalize)
         assert code == grpc.StatusCode.PERMISSION_DENIED
-    assert code_of(evaluator.agent.get_eval_result, "session-unknown") == grpc.StatusCode.PERMISSION_DENIED
+    assert code_of(interactive.agent.get_eval_result, "session-unknown") == grpc.StatusCode.PERMISSION_DENIED
     # The agent's finalize attempt did not close the session.
-    evaluator.agent.reset(session.env_id)
-    assert not evaluator.harness.get_eval_result(session.session_id).complete
+    interactive.agent.reset(session.env_id)
+    assert not interactive.harness.get_eval_result(session.session_id).complete
 
 
 def test_agent_cannot_submit_an_official_batch(evaluator):
@@ -255,23 +266,23 @@ def test_agent_cannot_touch_a_harness_non_official_env(evaluator):
     assert _agent_env_calls(evaluator, env_id) == {"GetSpec": denied, "Reset": denied, "Step": denied}
 
 
-def test_agent_cannot_touch_an_official_env_without_a_session(evaluator):
-    env_id = evaluator.harness.create_env(official=True).env_id
+def test_agent_cannot_touch_an_official_env_without_a_session(interactive):
+    env_id = interactive.harness.create_env(official=True).env_id
     denied = grpc.StatusCode.PERMISSION_DENIED
-    assert _agent_env_calls(evaluator, env_id) == {"GetSpec": denied, "Reset": denied, "Step": denied}
+    assert _agent_env_calls(interactive, env_id) == {"GetSpec": denied, "Reset": denied, "Step": denied}
 
 
-def test_agent_uses_an_open_session_handle_only_through_get_spec_reset_and_step(evaluator):
-    harness, agent = evaluator.harness, evaluator.agent
+def test_agent_uses_an_open_session_handle_only_through_get_spec_reset_and_step(interactive):
+    harness, agent = interactive.harness, interactive.agent
     env_id = harness.create_env(official=True).env_id
     session = harness.start_eval_session(env_id, num_episodes=2)
-    assert _agent_env_calls(evaluator, session.env_id) == {"GetSpec": None, "Reset": None, "Step": None}
+    assert _agent_env_calls(interactive, session.env_id) == {"GetSpec": None, "Reset": None, "Step": None}
     assert agent.get_spec(session.env_id).official
     assert code_of(agent.start_eval_session, session.env_id) == grpc.StatusCode.PERMISSION_DENIED
     assert code_of(agent.get_eval_result, session.session_id) == grpc.StatusCode.PERMISSION_DENIED
     harness.get_eval_result(session.session_id, finalize=True)
     gone = grpc.StatusCode.NOT_FOUND
-    assert _agent_env_calls(evaluator, session.env_id) == {"GetSpec": gone, "Reset": gone, "Step": gone}
+    assert _agent_env_calls(interactive, session.env_id) == {"GetSpec": gone, "Reset": gone, "Step": gone}
 
 
 def test_harness_can_use_an_env_the_agent_created(evaluator):
@@ -299,7 +310,7 @@ def test_least_recently_used_agent_env_is_closed_to_make_room(make_evaluator):
 
 
 def test_official_envs_are_never_evicted(make_evaluator):
-    ev = make_evaluator(limits=Limits(max_envs=2))
+    ev = make_evaluator(limits=Limits(max_envs=2), mode="interactive")
     official = [ev.harness.create_env(official=True).env_id for _ in range(2)]
     assert code_of(ev.agent.create_env) == grpc.StatusCode.RESOURCE_EXHAUSTED
     for env_id in official:
@@ -431,8 +442,124 @@ def test_reflection_lists_the_service_and_its_eight_methods(evaluator, role):
     assert methods == RPC_NAMES
 
 
-def test_agent_and_harness_endpoints_are_distinct_servers(evaluator):
-    assert evaluator.running.agent_address != evaluator.running.harness_address
+def test_agent_and_harness_endpoints_are_distinct_servers(interactive):
+    assert interactive.running.agent_address != interactive.running.harness_address
     # The same official CreateEnv succeeds on one and is refused by the other.
-    assert evaluator.harness.create_env(official=True).spec.official
-    assert code_of(evaluator.agent.create_env, official=True) == grpc.StatusCode.PERMISSION_DENIED
+    assert interactive.harness.create_env(official=True).spec.official
+    assert code_of(interactive.agent.create_env, official=True) == grpc.StatusCode.PERMISSION_DENIED
+
+
+def _reflection_v1(channel: grpc.Channel, requests: list[reflection_pb2.ServerReflectionRequest]) -> list:
+    """Call grpc.reflection.v1 (the v1alpha messages are the same bytes under another package)."""
+    call = channel.stream_stream(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+        response_deserializer=reflection_pb2.ServerReflectionResponse.FromString,
+    )
+    return list(call(iter(requests), timeout=10))
+
+
+def _files(reply: reflection_pb2.ServerReflectionResponse) -> list[descriptor_pb2.FileDescriptorProto]:
+    return [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in reply.file_descriptor_response.file_descriptor_proto
+    ]
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_reflection_v1_lists_and_describes_the_service_as_grpcurl_asks(evaluator, role):
+    """Issue 10, point 18: only v1alpha was served; current grpcurl asks for grpc.reflection.v1 first."""
+    replies = _reflection_v1(
+        endpoint(evaluator, role).channel,
+        [
+            reflection_pb2.ServerReflectionRequest(list_services=""),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol=SERVICE_NAME),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="grpc.reflection.v1.ServerReflection"),
+            reflection_pb2.ServerReflectionRequest(file_containing_symbol="no.such.Symbol"),
+        ],
+    )
+    assert len(replies) == 4
+    services = {s.name for s in replies[0].list_services_response.service}
+    assert services == {
+        SERVICE_NAME,
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in replies[1].file_descriptor_response.file_descriptor_proto
+    ]
+    methods = {m.name for f in files if f.package == "ale.env.v1" for s in f.service for m in s.method}
+    assert methods == RPC_NAMES
+    (v1,) = [
+        descriptor_pb2.FileDescriptorProto.FromString(raw)
+        for raw in replies[2].file_descriptor_response.file_descriptor_proto
+    ]
+    assert (v1.name, v1.package) == ("grpc/reflection/v1/reflection.proto", "grpc.reflection.v1")
+    (method,) = v1.service[0].method
+    assert (method.input_type, method.output_type) == (
+        ".grpc.reflection.v1.ServerReflectionRequest",
+        ".grpc.reflection.v1.ServerReflectionResponse",
+    )
+    assert method.client_streaming
+    assert method.server_streaming
+    assert replies[3].error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
+def test_long_polls_in_flight_never_starve_get_spec(make_evaluator):
+    """Issue 10, point 15: with 8 long polls in flight an agent's GetSpec waited 8 s (the threads were held)."""
+    ev = make_evaluator(env_step_budget=None)
+    balancing = linear_policy(np.array([[0.0, 0.0, 0.0, 0.0], [0.0, 0.5, 10.0, 2.0]]), output="discrete")
+    busy = ev.agent.submit_batch_eval(balancing, num_episodes=10_000).batch_id  # seconds of work
+    waiting = ev.agent.submit_batch_eval(balancing, num_episodes=1).batch_id  # queued behind it
+    gate = ev.running.servicers["agent"].long_polls
+    answered: list[int] = []
+    clients = [AleEnvClient(ev.agent_address, timeout=30) for _ in range(8)]
+
+    def poll(client: AleEnvClient, i: int) -> None:
+        client.get_batch_eval_status(waiting, wait_ms=10_000)
+        answered.append(i)
+
+    threads = [threading.Thread(target=poll, args=(c, i)) for i, c in enumerate(clients)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 20
+    while not (gate.waiting == gate.slots and len(answered) == len(threads) - gate.slots):
+        assert time.monotonic() < deadline, (gate.waiting, answered)
+        time.sleep(0.01)
+    # Every slot holds a long poll, the other polls were answered at once with the current status;
+    # now the agent's other calls must still be served.
+    assert ev.agent.get_spec().task_id == "cartpole-balance"
+    env_id = ev.agent.create_env().env_id
+    ev.agent.reset(env_id, seed=1)
+    assert gate.waiting == gate.slots, "GetSpec answered while the long polls were still in flight"
+    assert len(answered) == len(threads) - gate.slots
+    ev.harness.get_eval_result(busy, finalize=True)  # stops the busy batch, so the waiting one runs and ends
+    for t in threads:
+        t.join(timeout=30)
+    assert sorted(answered) == list(range(len(threads)))
+    for client in clients:
+        client.close()
+
+
+def test_an_endpoint_with_one_worker_holds_no_long_poll(make_evaluator, short_tmp):
+    ev = make_evaluator()
+    running = start(
+        ev.state,
+        agent_address=unix_address(short_tmp / "one-a.sock"),
+        harness_address=unix_address(short_tmp / "one-h.sock"),
+        workers=1,
+    )
+    try:
+        assert running.servicers["agent"].long_polls.slots == 0
+        client = AleEnvClient(running.agent_address, timeout=30)
+        balancing = linear_policy(np.array([[0.0, 0.0, 0.0, 0.0], [0.0, 0.5, 10.0, 2.0]]), output="discrete")
+        busy = client.submit_batch_eval(balancing, num_episodes=10_000).batch_id
+        status = client.get_batch_eval_status(busy, wait_ms=10_000)  # answered at once: no slot to wait in
+        assert status.state in (pb.BATCH_STATE_PENDING, pb.BATCH_STATE_RUNNING)
+        assert client.get_spec().task_id == "cartpole-balance"
+        client.close()
+    finally:
+        for server in running.servers:
+            server.stop(0).wait()

@@ -27,6 +27,7 @@ from typing import Any
 import attrs
 import pytest
 import trio
+from sandbox_tools import missing
 
 from ale import catalog
 from ale.client import AleEnvClient
@@ -72,7 +73,7 @@ def runtime(request: pytest.FixtureRequest) -> Runtime:
     backend: Backend = request.param
     reason = backend.unavailable()
     if reason is not None:
-        pytest.skip(f"{backend.id}: {reason}")
+        missing(f"{backend.id}: {reason}")  # skips on a developer's machine, fails in CI
     return backend.make()
 
 
@@ -531,8 +532,9 @@ class RuntimeConformance:
         assert result.exit_status == 0, lines.lines
         report = lines.report()
         assert "0" not in report["Uid"]
-        if os.geteuid() == 0:  # started as root: dropped to the sandbox uid
-            assert report["Uid"] == [str(sandbox.SANDBOX_UID)] * 4
+        if os.geteuid() == 0:  # started as root: dropped to one unprivileged uid (the run's own, or nobody)
+            assert len(set(report["Uid"])) == 1
+            assert int(report["Uid"][0]) >= 1000, report["Uid"]
         assert int(report["CapEff"][0], 16) == 0
         assert int(report["CapPrm"][0], 16) == 0
         assert int(report["CapBnd"][0], 16) == 0

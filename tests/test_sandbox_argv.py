@@ -109,3 +109,43 @@ def test_timeout_bounds_the_sandbox_beyond_its_wall_time(tmp_path: Path) -> None
     assert argv[0].endswith("timeout")
     assert argv[1] == "--kill-after=5"
     assert int(argv[2]) == int(spec.wall_time_s) + 30
+
+
+def test_a_limited_tmp_is_bound_before_an_interpreter_under_tmp(tmp_path: Path) -> None:
+    """The size- and inode-limited /tmp (a host folder) too comes before the interpreter's binds."""
+    argv = bwrap_argv(_spec(tmp_path), as_root=True, tmp_dir=Path("/tmp/ale-tmp-x"))
+    bind = argv.index("/tmp/ale-tmp-x")
+    assert argv[bind - 1 : bind + 2] == ["--bind", "/tmp/ale-tmp-x", "/tmp"]
+    assert "--tmpfs" not in argv
+    binds = [i for i, src, _ in _ro_binds(argv) if src.startswith("/tmp/ci-tool-cache")]
+    assert len(binds) == 2
+    assert all(i > bind for i in binds)
+
+
+def test_the_sandbox_enters_its_cgroup_before_anything_else(tmp_path: Path) -> None:
+    procs = ["/sys/fs/cgroup/memory/x/cgroup.procs", "/sys/fs/cgroup/pids/x/cgroup.procs"]
+    argv = bwrap_argv(_spec(tmp_path), as_root=True, cgroup_procs=procs, uid=1879048200)
+    assert argv[:3] == ["/bin/sh", "-c", sandbox.ENTER_CGROUP]
+    assert argv[4:7] == [*procs, "--"]
+    assert argv[7].endswith("timeout")
+    assert "--reuid=1879048200" in argv
+    assert argv[-1] == "true"
+
+
+def test_the_cgroup_entry_writes_its_pid_then_execs(tmp_path: Path) -> None:
+    import subprocess
+
+    files = [tmp_path / "a", tmp_path / "b"]
+    done = subprocess.run(
+        ["/bin/sh", "-c", sandbox.ENTER_CGROUP, "enter", *map(str, files), "--", "sh", "-c", "echo $$"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    pid = done.stdout.strip()
+    assert [f.read_text().strip() for f in files] == [pid, pid]  # the same process, before and after exec
+    bad = subprocess.run(
+        ["/bin/sh", "-c", sandbox.ENTER_CGROUP, "enter", str(tmp_path / "no" / "such"), "--", "true"],
+        capture_output=True,
+    )
+    assert bad.returncode == 125  # cannot enter: does not run the command

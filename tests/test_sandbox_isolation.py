@@ -27,7 +27,7 @@ import pytest
 import trio
 
 from ale import catalog
-from ale.runner import agent_env
+from ale.runner import agent_env, uids
 from ale.runner import harness as harness_module
 from ale.runner.harness import AgentSpec, Harness, RunOptions
 from ale.runner.local import LocalRuntime
@@ -429,9 +429,16 @@ def test_run_config_secret_is_not_in_the_trajectory(probe: _Probe) -> None:
 # --- identity and privileges ---------------------------------------------------------------------
 
 
-def test_runs_as_nobody(report: dict[str, Any]) -> None:
-    assert report["ids"] == [SANDBOX_UID] * 4
-    assert report["status"]["Uid"] == [str(SANDBOX_UID)] * 4
+def test_runs_as_the_runs_own_uid(report: dict[str, Any]) -> None:
+    """As root, a uid from the documented per-run range (ale/runner/uids.py), never nobody: nobody
+    owns this machine's reserved blocks, and every run would share its process count."""
+    uid = report["ids"][0]
+    if os.geteuid() == 0:
+        assert uids.FIRST_UID <= uid < uids.FIRST_UID + uids.COUNT
+    else:
+        assert uid == SANDBOX_UID
+    assert report["ids"] == [uid] * 4
+    assert report["status"]["Uid"] == [str(uid)] * 4
     assert report["status"]["Groups"] == []
 
 

@@ -19,12 +19,12 @@ import time
 import grpc
 import numpy as np
 import pytest
-from ale_evaluator import seeds
-from ale_evaluator.seeds import RunConfig, RunConfigError, hidden_seed
 
 from ale.client import AleEnvClient, AleEnvError, RemoteEnv
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import linear_policy
+from ale_evaluator import seeds
+from ale_evaluator.seeds import RunConfig, RunConfigError, hidden_seed
 
 TASK = "cartpole-balance"
 # A secret with no structure, so a chance match is impossible and a real one unmistakable.
@@ -84,10 +84,16 @@ def wait_done(client: AleEnvClient, batch_id: str) -> None:
         time.sleep(0.01)
 
 
-def run_a_whole_evaluation(ev, transcript) -> tuple[list[pb.EvalResult], int]:
-    """Everything a run does, over recording clients; returns the official results and episode count."""
+def run_a_whole_evaluation(ev, batch_ev, transcript) -> tuple[list[pb.EvalResult], int]:
+    """Everything a run does, over recording clients; returns the official results and episode count.
+
+    ``ev`` runs the task as an interactive one (an eval session), ``batch_ev`` as a batch one (an
+    official batch): the task's mode decides which official path an evaluator takes.
+    """
     agent = RecordingClient(ev.running.agent_address, transcript)
     harness = RecordingClient(ev.running.harness_address, transcript)
+    batch_agent = RecordingClient(batch_ev.running.agent_address, transcript)
+    batch_harness = RecordingClient(batch_ev.running.harness_address, transcript)
     n = 5
     try:
         # Practice on the agent's own environment.
@@ -121,25 +127,27 @@ def run_a_whole_evaluation(ev, transcript) -> tuple[list[pb.EvalResult], int]:
         interactive = harness.get_eval_result(session.session_id, finalize=True)
         expect_error(agent.reset, session.env_id)
 
-        # An official batch, and a non-official one.
-        batch = harness.submit_batch_eval(FALLING, official=True, num_episodes=n)
-        wait_done(harness, batch.batch_id)
-        expect_error(agent.get_batch_eval_status, batch.batch_id)
-        batch_result = harness.get_eval_result(batch.batch_id, finalize=True)
-        own = agent.submit_batch_eval(FALLING, num_episodes=2, seed=77)
-        wait_done(agent, own.batch_id)
+        # A non-official batch (practice), then the official one.
+        own = batch_agent.submit_batch_eval(FALLING, num_episodes=2, seed=77)
+        wait_done(batch_agent, own.batch_id)
+        batch = batch_harness.submit_batch_eval(FALLING, official=True, num_episodes=n)
+        wait_done(batch_harness, batch.batch_id)
+        expect_error(batch_agent.get_batch_eval_status, batch.batch_id)
+        batch_result = batch_harness.get_eval_result(batch.batch_id, finalize=True)
     finally:
-        agent.close()
-        harness.close()
+        for client in (agent, harness, batch_agent, batch_harness):
+            client.close()
     return [interactive, batch_result], n
 
 
 def test_no_reply_log_or_output_reveals_a_hidden_seed_or_the_secret(make_evaluator, caplog, capfd):
     caplog.set_level(logging.DEBUG)
-    ev = make_evaluator(TASK, config=SECRET_CONFIG)
+    ev = make_evaluator(TASK, config=SECRET_CONFIG, mode="interactive")
+    batch_ev = make_evaluator(TASK, config=SECRET_CONFIG)
     transcript: list[tuple[bytes, str]] = []
-    results, n = run_a_whole_evaluation(ev, transcript)
+    results, n = run_a_whole_evaluation(ev, batch_ev, transcript)
     ev.running.stop(0)  # flush everything the evaluator would write
+    batch_ev.running.stop(0)
     out, err = capfd.readouterr()
 
     assert len(transcript) > 100
@@ -151,7 +159,7 @@ def test_no_reply_log_or_output_reveals_a_hidden_seed_or_the_secret(make_evaluat
         "not_started",
     ]
     sources: dict[str, tuple[bytes, str]] = {f"reply {i} ({t[1][:40]!r})": t for i, t in enumerate(transcript)}
-    events = ev.events.getvalue()
+    events = ev.events.getvalue() + batch_ev.events.getvalue()
     sources["event log"] = (events.encode(), events)
     logs = "\n".join(f"{r.name} {r.levelname} {r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
     sources["log records"] = (logs.encode(), logs)
@@ -171,13 +179,14 @@ def test_no_reply_log_or_output_reveals_a_hidden_seed_or_the_secret(make_evaluat
 
 
 def test_each_record_commits_to_its_hidden_seed_with_the_documented_formula(make_evaluator):
-    ev = make_evaluator(TASK, config=SECRET_CONFIG)
+    ev = make_evaluator(TASK, config=SECRET_CONFIG, mode="interactive")
     session = ev.harness.start_eval_session(ev.harness.create_env(official=True).env_id, num_episodes=3)
     ev.agent.reset(session.env_id)
     result = ev.harness.get_eval_result(session.session_id, finalize=True)
-    batch = ev.harness.submit_batch_eval(FALLING, official=True, num_episodes=3)
-    wait_done(ev.harness, batch.batch_id)
-    batch_result = ev.harness.get_eval_result(batch.batch_id)
+    batch_ev = make_evaluator(TASK, config=SECRET_CONFIG)
+    batch = batch_ev.harness.submit_batch_eval(FALLING, official=True, num_episodes=3)
+    wait_done(batch_ev.harness, batch.batch_id)
+    batch_result = batch_ev.harness.get_eval_result(batch.batch_id)
     for res in (result, batch_result):
         assert len(res.episodes) == 3
         for rec in res.episodes:

@@ -29,10 +29,10 @@ from typing import Any
 
 import pytest
 import site_fixtures as sf
-from ale_verify import cli, db, export
-from ale_verify.app import leaderboard_rows
 
 from ale import catalog
+from ale_verify import cli, db, export
+from ale_verify.app import leaderboard_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import site_fixtures as sf
+
 from ale_verify import export
 
 pytestmark = pytest.mark.browser

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ale_evaluator.domains import DOMAINS
-from ale_evaluator.envs import MIN_BATCHED_COPIES, EnvGroup, make_env
-from ale_evaluator.parallel import MIN_PARALLEL_COPIES, ParallelMujoco, StepPool
 
 from ale import catalog
 from ale.env.v1 import env_pb2 as pb
+from ale_evaluator.domains import DOMAINS
+from ale_evaluator.envs import MIN_BATCHED_COPIES, EnvGroup, make_env
+from ale_evaluator.parallel import MIN_PARALLEL_COPIES, ParallelMujoco, StepPool
 
 OUTPUTS = ("observation", "reward", "terminated", "truncated", "cost", "final_observation")
 
@@ -241,8 +241,9 @@ def test_the_pendulum_way_mirrors_the_installed_gymnasium(monkeypatch):
     """The ``pendulum`` way computes InvertedPendulumEnv.step's expressions itself: it is used only
     while gymnasium's code is the code it mirrors. A gymnasium that changes it fails here first (check
     the mirror against the new code, then update PENDULUM_CODE_SHA256); meanwhile it is not used."""
-    from ale_evaluator import parallel
     from gymnasium.envs.mujoco.inverted_pendulum_v5 import InvertedPendulumEnv
+
+    from ale_evaluator import parallel
 
     assert parallel.pendulum_code_matches()
     envs = [make_env(catalog.get_task("pendulum-lqr")) for _ in range(MIN_PARALLEL_COPIES["pendulum"])]
@@ -318,10 +319,9 @@ def _batch_records(
 ):
     import threading
 
+    from ale.policy import load_policy
     from ale_evaluator import batch as batch_module
     from ale_evaluator.seeds import RunConfig
-
-    from ale.policy import load_policy
 
     task = catalog.get_task(task_id)
     job = batch_module.BatchJob(

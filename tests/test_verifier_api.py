@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 import verifier_helpers as h
-from ale_verify import db
-from ale_verify.config import Settings
 
 from ale.core import bundle
+from ale_verify import db
+from ale_verify.config import Settings
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,13 @@ import openapi_spec_validator
 import pytest
 import schemathesis
 import verifier_helpers as h
-from ale_verify import openapi
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hsettings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
+
+from ale_verify import openapi
 
 DOCUMENT = openapi.document("http://127.0.0.1:8000")
 OPERATIONS = sorted(

@@ -23,10 +23,11 @@ from urllib.parse import parse_qs, urlsplit
 import attrs
 import pytest
 import verifier_helpers as h
-from ale_verify import bodies, db, openapi, tokens
 from fuzzing import fuzz_settings, hostile_json, json_values
 from hypothesis import given
 from hypothesis import strategies as st
+
+from ale_verify import bodies, db, openapi, tokens
 
 KEY = "A" * 43 + "="  # base64 of 32 zero bytes: a well-formed Ed25519 public key
 

@@ -22,8 +22,6 @@ import pyrage
 import pytest
 import verifier_helpers as h
 import zstandard
-from ale_verify import db, tokens
-from ale_verify.pipeline import process_upload
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -31,6 +29,8 @@ from hypothesis import strategies as st
 from ale.core import bundle
 from ale.core.signing import sign_root
 from ale.core.trajectory import ChainError, verify_chain
+from ale_verify import db, tokens
+from ale_verify.pipeline import process_upload
 
 
 @pytest.fixture(scope="session")
@@ -300,8 +300,9 @@ DOCUMENT_CASES: dict[str, tuple[Callable[[dict[str, bytes]], dict[str, bytes]], 
         "schema_invalid",
     ),
     "schema-missing-field": (lambda f: h.edit(f, "score_breakdown.json", lambda d: _pop(d, "cap")), "schema_invalid"),
-    "events-not-zstd": (lambda f: _replace(f, "events.jsonl.zst", b"plain text events\n"), "schema_invalid"),
-    "events-zstd-bomb": (lambda f: _replace(f, "events.jsonl.zst", _events_bomb()), "too_large"),
+    # the trajectory's zstd frame gets the same reasons as the bundle's own (was schema_invalid, too_large)
+    "events-not-zstd": (lambda f: _replace(f, "events.jsonl.zst", b"plain text events\n"), "bad_zstd"),
+    "events-zstd-bomb": (lambda f: _replace(f, "events.jsonl.zst", _events_bomb()), "decompressed_too_large"),
     "results-self-contradicting": (
         lambda f: h.edit(f, "task_results.json", _set("tasks.0.result.headline_value", 499.0)),
         "inconsistent_results",
@@ -463,7 +464,7 @@ FLIPS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
     "artifacts_manifest.json": (lambda d: _flip_text(d, b'"path":"/'), "integrity_mismatch"),
     "events.jsonl.zst": (
         lambda d: d[: len(d) // 2] + bytes([d[len(d) // 2] ^ 0x01]) + d[len(d) // 2 + 1 :],
-        "schema_invalid",
+        "bad_zstd",
     ),
     "faithfulness.json": (lambda d: _flip_text(d, b'"reason":"'), "integrity_mismatch"),
     "integrity.json": (lambda d: _flip_hex(d, b'"merkle_root":"'), "integrity_mismatch"),

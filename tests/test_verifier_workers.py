@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 import verifier_helpers as h
-from ale_verify.chain_workers import ChainWorkers
 from test_verifier_pipeline import CONTAINER_CASES, DOCUMENT_CASES, _assert_rejected, _upload
+from trajectory_helpers import RunBuilder
 
-from ale.core.trajectory import ChainBuilder, ChainError, link_chunks, verify_chain
-
-T0 = 1_764_476_918.123456
+from ale.core.trajectory import ChainError, link_chunks, verify_chain
+from ale_verify.chain_workers import ChainWorkers
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +27,13 @@ def workers() -> Iterator[ChainWorkers]:
 
 
 def _stream(n: int) -> bytes:
-    chain = ChainBuilder()
-    out = [chain.append("trusted_harness", "run_started", {"nonce": "n", "run_id": "r"}, wall_time=T0, monotonic=0.5)]
-    producers = ["trusted_evaluator", "untrusted_agent", "trusted_harness"]
-    for i in range(1, n):
-        data = {"i": i, "text": "x" * (i % 300), "v": [0.25 * i, -i]}
-        out.append(chain.append(producers[i % 3], "note", data, wall_time=T0 + i, monotonic=1.0 + i))
-    return b"".join(line for _, line in out)
+    """A whole run with ``n`` events in its agent phase, each with ``"i"``: its 0-based line."""
+    run = RunBuilder(nonce="n").open_task()
+    kinds = [("untrusted_agent", "note"), ("trusted_evaluator", "rpc"), ("trusted_harness", "rejected_agent_event")]
+    for i in range(n):
+        producer, kind = kinds[i % 3]
+        run.add(producer, kind, {"i": len(run.lines), "text": "x" * (i % 300), "v": [0.25 * i, -i]})
+    return run.close_task().finish().stream()
 
 
 def _verdict(check: Any) -> tuple[str, Any]:
@@ -74,7 +73,7 @@ CASES = {
     "broken-link": lambda s: _tamper(s, 60, b'"prev_hash":"', b'"prev_hash":"0'),
     "dropped-line": lambda s: b"\n".join(line for i, line in enumerate(s.split(b"\n")) if i != 33),
     "bad-seq": lambda s: _tamper(s, 70, b'"seq":70', b'"seq":71'),
-    "not-canonical": lambda s: _tamper(s, 50, b'"monotonic":51', b'"monotonic":51.0'),
+    "not-canonical": lambda s: _tamper(s, 50, b'"i":50', b'"i":50.0'),
     "not-json": lambda s: _tamper(s, 45, b"{", b"["),
     "empty": lambda s: b"",
 }
@@ -191,7 +190,7 @@ def test_a_worker_reads_only_its_own_jobs_memory_file(tmp_path: Path) -> None:
     fd = os.memfd_create(name)
     try:
         os.write(fd, stream)
-        assert _check_span(os.getpid(), fd, name, 0, len(stream), 1).lines == 5
+        assert _check_span(os.getpid(), fd, name, 0, len(stream), 1).lines == stream.count(b"\n")
     finally:
         os.close(fd)
 

@@ -18,7 +18,6 @@ import base64
 import contextlib
 import copy
 import hashlib
-import io
 import json
 import os
 import socket
@@ -34,15 +33,16 @@ import attrs
 import httpx
 import pyrage
 import zstandard
-from ale_verify import db, tokens
-from ale_verify.app import create_app
-from ale_verify.config import Settings
 
 from ale.core import bundle
 from ale.core.canonical import canonical_json
 from ale.core.merkle import files_root
+from ale.core.reasons import Use, reasons_for
 from ale.core.signing import load_private_key, sign_root
 from ale.core.trajectory import event_hash
+from ale_verify import db, tokens
+from ale_verify.app import create_app
+from ale_verify.config import Settings
 
 T = TypeVar("T")
 
@@ -52,18 +52,8 @@ TASK = "cartpole-balance"
 OPERATOR = "operator:alice"
 PARTICIPANT = "participant"
 
-#: Every reason the pipeline may give for a rejected upload (bundle, pipeline and core codes).
-REJECTION_REASONS = frozenset(
-    {
-        "not_age", "bad_age_header", "too_many_stanzas", "too_large", "decrypt_failed", "bad_zstd",
-        "decompressed_too_large", "bad_tar", "too_many_files", "absolute_path", "path_traversal", "symlink",
-        "hardlink", "device", "directory", "bad_member", "duplicate_member", "file_too_large", "unexpected_file",
-        "missing_file", "schema_invalid", "inconsistent_results", "self_elevation", "token_invalid",
-        "token_expired", "token_replayed", "nonce_mismatch", "chain_invalid", "integrity_mismatch",
-        "bad_signature", "unregistered_runner", "unknown_release", "unknown_task_version", "task_mismatch",
-        "score_mismatch",
-    }
-)  # fmt: skip
+#: Every reason the pipeline may give for a rejected upload (the one enum's rejection codes).
+REJECTION_REASONS = frozenset(r.value for r in reasons_for(Use.REJECTION))
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -468,12 +458,54 @@ def member(
     return info, None
 
 
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+def tar_header(name: bytes, size: int, /, **fields: bytes) -> bytes:
+    """A ustar header written from POSIX's table (an implementation independent of
+    ale.core.bundle): the documented canonical layout unless ``fields`` override a field's bytes
+    (``mode=b"0004755\\0"``, ``magic=b"ustar "``, ...); the checksum is computed last unless given."""
+    layout = [
+        ("name", 100, name), ("mode", 8, b"0000644\0"), ("uid", 8, b"0000000\0"), ("gid", 8, b"0000000\0"),
+        ("size", 12, _octal(size, 12)), ("mtime", 12, b"00000000000\0"), ("chksum", 8, b" " * 8),
+        ("typeflag", 1, b"0"), ("linkname", 100, b""), ("magic", 6, b"ustar\0"), ("version", 2, b"00"),
+        ("uname", 32, b""), ("gname", 32, b""), ("devmajor", 8, b"0000000\0"), ("devminor", 8, b"0000000\0"),
+        ("prefix", 155, b""), ("pad", 12, b""),
+    ]  # fmt: skip
+    assert set(fields) <= {f for f, _, _ in layout}, fields
+    header = b"".join(fields.get(f, default).ljust(width, b"\0")[:width] for f, width, default in layout)
+    assert len(header) == 512
+    if "chksum" not in fields:
+        header = header[:148] + b"%06o\0 " % sum(header) + header[156:]
+    return header
+
+
+def tar_entry(name: str, data: bytes = b"", /, **fields: bytes) -> bytes:
+    """One member: its header and its data padded with zeros to 512 bytes."""
+    return tar_header(name.encode(), len(data), **fields) + data + bytes(-len(data) % 512)
+
+
+def tar_end(body: bytes) -> bytes:
+    """Two zero blocks, and zeros up to the next multiple of 10240 bytes."""
+    body += bytes(1024)
+    return body + bytes(-len(body) % 10240)
+
+
+_TYPEFLAGS = {tarfile.REGTYPE: b"0", tarfile.LNKTYPE: b"1", tarfile.SYMTYPE: b"2", tarfile.CHRTYPE: b"3",
+              tarfile.BLKTYPE: b"4", tarfile.DIRTYPE: b"5", tarfile.FIFOTYPE: b"6"}  # fmt: skip
+
+
 def raw_tar(*members: tuple[tarfile.TarInfo, bytes | None]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for info, data in members:
-            tar.addfile(info, io.BytesIO(data) if data is not None else None)
-    return buf.getvalue()
+    """A tar of these members in the given order, each header canonical but for what the member
+    is (its name, type, link target, device numbers): one defect at a time."""
+    body = b""
+    for info, data in members:
+        fields = {"typeflag": _TYPEFLAGS[info.type], "linkname": info.linkname.encode()}
+        if info.type in (tarfile.CHRTYPE, tarfile.BLKTYPE):
+            fields |= {"devmajor": _octal(info.devmajor, 8), "devminor": _octal(info.devminor, 8)}
+        body += tar_entry(info.name, data or b"", **fields)
+    return tar_end(body)
 
 
 def regular_members(files: Mapping[str, bytes]) -> list[tuple[tarfile.TarInfo, bytes | None]]:

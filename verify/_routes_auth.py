@@ -7,12 +7,12 @@ from typing import Any
 from urllib.parse import urlencode
 
 import httpx
-from ale_verify import db
-from ale_verify._web import ApiError, authenticated, run_db, state
-from ale_verify.config import Settings
 from quart import Blueprint, redirect, request, session
 
 from ale.core.parse import ParseError, parse_json
+from ale_verify import db
+from ale_verify._web import ApiError, authenticated, run_db, state
+from ale_verify.config import Settings
 
 bp = Blueprint("auth", __name__, url_prefix="/auth")
 #: An authorization code longer than this is not one (GitHub's are 20 characters).

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from quart import Blueprint
+
+from ale.core import signing
 from ale_verify import db
 from ale_verify._routes_public import public_submission
 from ale_verify._web import ApiError, operator, run_db, state
 from ale_verify.bodies import LevelChange, RunnerKey, json_body
-from quart import Blueprint
-
-from ale.core import signing
 
 bp = Blueprint("operator", __name__, url_prefix="/api/v1/operator")
 #: Where each change may start: audit reviews an accepted, unreviewed submission; revoke ends any.

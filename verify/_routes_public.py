@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from quart import Blueprint, request
+
 from ale_verify import __version__, db, openapi
 from ale_verify._web import ApiError, run_db, state
-from quart import Blueprint, request
 
 bp = Blueprint("public", __name__)
 CATEGORIES = ("overall", "reproduction", "open")

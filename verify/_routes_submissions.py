@@ -7,11 +7,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from quart import Blueprint, request
+
 from ale_verify import db, tokens
 from ale_verify._web import ApiError, authenticated, refuse_fields, run_db, state
 from ale_verify.bodies import NoBody, check_media_type, json_body, read_capped, refuse_declared_over
 from ale_verify.pipeline import Outcome, process_upload
-from quart import Blueprint, request
 
 bp = Blueprint("submissions", __name__)
 BUNDLE_MEDIA_TYPE = "application/octet-stream"

@@ -13,11 +13,12 @@ from functools import wraps
 from typing import Any, TypeVar
 
 import attrs
+from quart import Response, current_app, jsonify, request, session
+
 from ale_verify import db
 from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 from ale_verify.pipeline import ELEVATION_FIELDS
-from quart import Response, current_app, jsonify, request, session
 
 T = TypeVar("T")
 View = Callable[..., Awaitable[Any]]

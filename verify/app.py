@@ -12,6 +12,9 @@ import asyncio
 import logging
 
 import pyrage
+from quart import Quart, Response
+from werkzeug.exceptions import HTTPException
+
 from ale_verify import db
 from ale_verify._routes_auth import bp as auth_bp
 from ale_verify._routes_operator import bp as operator_bp
@@ -22,8 +25,6 @@ from ale_verify._web import STATE_KEY, ApiError, AppState, check_path_ids, error
 from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 from ale_verify.pipeline import site_identity
-from quart import Quart, Response
-from werkzeug.exceptions import HTTPException
 
 __all__ = ["ApiError", "create_app", "leaderboard_rows", "public_submission"]
 

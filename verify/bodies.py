@@ -16,11 +16,11 @@ import binascii
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
-from ale_verify import db
-from ale_verify._web import ApiError, refuse_fields
 from quart import request
 
 from ale.core.parse import JsonLimitError, ParseError, parse_json, structure
+from ale_verify import db
+from ale_verify._web import ApiError, refuse_fields
 
 if TYPE_CHECKING:
     from attrs import AttrsInstance

@@ -3,9 +3,11 @@
 Checking a trajectory is CPU-bound Python (parse, canonical form, SHA-256 of every line), and one
 process can only use one core. While step 7 decompresses ``events.jsonl.zst``, a :class:`ChainJob`
 cuts the stream at newlines into chunks of about ``chunk_bytes`` and hands each to a process pool
-(:func:`ale.core.trajectory.check_chunk`); step 9 waits for the reports and links them
-(:func:`ale.core.trajectory.link_chunks`). The verdict is exactly that of one pass over the whole
-stream (a property the core's tests check for every way of cutting it); only the timing changes.
+(:func:`ale.core.trajectory.check_chunk`, which also lists each chunk's grammar tokens); step 9
+waits for the reports and links them (:func:`ale.core.trajectory.link_chunks`: the checks across
+chunk borders, then the grammar replayed over the tokens in order). The verdict is exactly that of
+one pass over the whole stream (a property the core's tests check for every way of cutting it,
+against a plain reference verifier); only the timing changes.
 
 Anything unusual takes the one-pass path instead, over the stream read back from the job's memory
 file: a stream that does not end in a newline (so its error names the right line), a broken pool,

@@ -39,9 +39,10 @@ def cmd_keygen(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     import asyncio
 
-    from ale_verify.app import create_app
     from hypercorn.asyncio import serve
     from hypercorn.config import Config
+
+    from ale_verify.app import create_app
 
     for path in (settings.key_file, settings.signing_key_file):
         if not path.exists():
@@ -53,14 +54,28 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     config.errorlog = "-"
     app = create_app(settings)
     print(json.dumps({"event": "ready", "bind": args.bind, "version": __version__}), flush=True)
-    asyncio.run(serve(app, config))  # type: ignore[arg-type]
+    asyncio.run(serve(app, config))
     return 0
 
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
+    """The site's checks, offline: a signature must name a key registered in this verifier's
+    database (when it has one) or given with --runner-public-key."""
     from ale.runner.inspect import inspect_bundle
 
-    return inspect_bundle(Path(args.bundle), Path(args.identity or settings.key_file), as_json=args.json)
+    registered = None
+    if settings.database.is_file():
+        from ale_verify.pipeline import registered_runner
+
+        registered = registered_runner(settings)
+    return inspect_bundle(
+        Path(args.bundle),
+        Path(args.identity or settings.key_file),
+        as_json=args.json,
+        runner_keys=args.runner_public_key,
+        registered=registered,
+        prog="ale-verify",
+    )
 
 
 def cmd_create_token(args: argparse.Namespace, settings: Settings) -> int:
@@ -111,9 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--bind", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000)")
     serve.add_argument("--access-log", action="store_true", help="log every request to stdout")
     serve.set_defaults(func=cmd_serve)
-    check = sub.add_parser("check", help="run the offline checks on a bundle (operators, CI)")
+    check = sub.add_parser("check", help="run the site's checks on a bundle offline (operators, CI)")
     check.add_argument("bundle")
     check.add_argument("--identity", help="age identity file (default: the site's key file)")
+    check.add_argument(
+        "--runner-public-key",
+        action="append",
+        default=[],
+        metavar="BASE64",
+        help="a runner public key to accept besides the database's registered keys (repeatable)",
+    )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(func=cmd_check)
     token = sub.add_parser("create-token", help="create a local user's API token (for CI and bootstrapping)")

@@ -19,7 +19,9 @@ from typing import Any
 
 import sqlite_utils
 
-LEVELS = ("self_reported", "validated", "audited", "officially_verified", "revoked")
+from ale.core.reasons import REASONS, Level, Reason, Use
+
+LEVELS = tuple(level.value for level in Level)
 RUNNER_KINDS = ("benchmark_team", "approved_third_party", "hardware_attested", "official_rerun")
 
 MIGRATIONS: list[str] = [
@@ -92,6 +94,31 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX rate_events_by_user ON rate_events(user_id, action, at);
     """,
+    # 2: the vocabulary (ale.core.reasons, loaded by migrate()) and triggers that hold every row to it
+    """
+    CREATE TABLE reason_codes (
+        code TEXT PRIMARY KEY,
+        uses TEXT NOT NULL
+    );
+    CREATE TABLE levels (name TEXT PRIMARY KEY);
+    CREATE TRIGGER submissions_known_codes_insert BEFORE INSERT ON submissions
+        WHEN (NEW.reason IS NOT NULL AND NOT EXISTS
+                (SELECT 1 FROM reason_codes WHERE code = NEW.reason AND instr(uses, 'rejection') > 0))
+          OR (NEW.level IS NOT NULL AND NOT EXISTS (SELECT 1 FROM levels WHERE name = NEW.level))
+          OR EXISTS (SELECT 1 FROM json_each(NEW.reasons) AS r WHERE json_extract(r.value, '$.reason')
+                     NOT IN (SELECT code FROM reason_codes WHERE instr(uses, 'rejection') > 0
+                             OR instr(uses, 'note') > 0))
+        BEGIN SELECT RAISE(ABORT, 'unknown reason code or level'); END;
+    CREATE TRIGGER submissions_known_codes_update BEFORE UPDATE OF reason, level, reasons ON submissions
+        WHEN (NEW.reason IS NOT NULL AND NOT EXISTS
+                (SELECT 1 FROM reason_codes WHERE code = NEW.reason AND instr(uses, 'rejection') > 0))
+          OR (NEW.level IS NOT NULL AND NOT EXISTS (SELECT 1 FROM levels WHERE name = NEW.level))
+        BEGIN SELECT RAISE(ABORT, 'unknown reason code or level'); END;
+    CREATE TRIGGER audit_log_known_levels BEFORE INSERT ON audit_log
+        WHEN (NEW.from_level IS NOT NULL AND NOT EXISTS (SELECT 1 FROM levels WHERE name = NEW.from_level))
+          OR (NEW.to_level IS NOT NULL AND NOT EXISTS (SELECT 1 FROM levels WHERE name = NEW.to_level))
+        BEGIN SELECT RAISE(ABORT, 'unknown level'); END;
+    """,
 ]
 
 
@@ -123,7 +150,54 @@ def migrate(path: Path) -> int:
             db.conn.executescript(
                 f"BEGIN IMMEDIATE;\n{script}\nINSERT INTO schema_migrations VALUES ({version}, {time.time()});\nCOMMIT;"
             )
+        _load_vocabulary(db)
         return len(MIGRATIONS)
+
+
+def _load_vocabulary(db: sqlite_utils.Database) -> None:
+    """The reason codes and levels of ale.core.reasons, as the triggers of migration 2 read them.
+    Codes are added and their uses updated, never removed (old rows keep theirs)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for reason, info in REASONS.items():
+            uses = ",".join(sorted(u.value for u in info.uses))
+            db.execute(
+                "INSERT INTO reason_codes (code, uses) VALUES (?, ?) "
+                "ON CONFLICT(code) DO UPDATE SET uses = excluded.uses",
+                [reason.value, uses],
+            )
+        for level in Level:
+            db.execute("INSERT OR IGNORE INTO levels (name) VALUES (?)", [level.value])
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+def _check_codes(row: dict[str, Any]) -> dict[str, Any]:
+    """A submission row in the vocabulary's terms (a wrong code here is the verifier's bug)."""
+    status, reason, level = row["status"], row["reason"], row["level"]
+    if status == "rejected":
+        if reason is None or Use.REJECTION not in REASONS[Reason(reason)].uses or level is not None:
+            raise ValueError(f"a rejected submission needs a rejection reason and no level, not {reason!r}, {level!r}")
+    elif status == "accepted":
+        if reason is not None or level is None:
+            raise ValueError("an accepted submission has a level and no reason")
+        level = Level(level)
+    else:
+        raise ValueError(f"status is accepted or rejected, not {status!r}")
+    notes = []
+    for item in row["reasons"]:
+        code = Reason(item["reason"])
+        if not REASONS[code].uses & {Use.REJECTION, Use.NOTE} or not isinstance(item["message"], str):
+            raise ValueError(f"{code} is not a rejection reason or a note")
+        notes.append({"reason": code.value, "message": item["message"]})
+    return {
+        **row,
+        "reason": None if reason is None else Reason(reason).value,
+        "level": None if level is None else Level(level).value,
+        "reasons": notes,
+    }
 
 
 def _token_hash(token: str) -> str:
@@ -199,7 +273,7 @@ def create_challenge(path: Path, user_id: str, ttl_s: int) -> dict[str, Any]:
         "expires_at": now + ttl_s,
     }
     with connect(path) as db:
-        db["challenges"].insert(challenge)
+        db.table("challenges").insert(challenge)
     return challenge
 
 
@@ -224,13 +298,16 @@ def consume_challenge(path: Path, challenge_id: str, submission_id: str) -> None
 
 
 def insert_submission(path: Path, row: dict[str, Any], audit: dict[str, Any]) -> None:
+    """Store a submission and its first audit entry; codes and levels must be the vocabulary's."""
+    row = _check_codes(row)
+    audit = {**audit, "to_level": None if audit["to_level"] is None else Level(audit["to_level"]).value}
     with connect(path) as db:
         db.execute("BEGIN IMMEDIATE")
         try:
-            db["submissions"].insert(
+            db.table("submissions").insert(
                 {**row, "reasons": json.dumps(row["reasons"]), "summary": json.dumps(row["summary"], sort_keys=True)}
             )
-            db["audit_log"].insert({**audit, "submission_id": row["id"]})
+            db.table("audit_log").insert({**audit, "submission_id": row["id"]})
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -278,6 +355,7 @@ def change_level(
     allowed_from: tuple[str, ...],
 ) -> dict[str, Any]:
     """Move an accepted submission to ``to_level`` (audit, revoke), logging it in the audit log."""
+    to_level = Level(to_level).value
     with connect(path) as db:
         db.execute("BEGIN IMMEDIATE")
         try:
@@ -288,7 +366,7 @@ def change_level(
             if status != "accepted" or level not in allowed_from:
                 raise Conflict(f"a {status} submission at level {level} cannot be moved to {to_level}")
             db.execute("UPDATE submissions SET level = ? WHERE id = ?", [to_level, submission_id])
-            db["audit_log"].insert(
+            db.table("audit_log").insert(
                 {
                     "submission_id": submission_id,
                     "at": time.time(),
@@ -314,7 +392,7 @@ def change_level(
 def register_runner_key(path: Path, *, key_id: str, public_key: str, kind: str, label: str, actor: str) -> None:
     with connect(path) as db:
         try:
-            db["runner_keys"].insert(
+            db.table("runner_keys").insert(
                 {
                     "key_id": key_id,
                     "public_key": public_key,

@@ -43,12 +43,12 @@ from typing import Any
 
 import attrs
 import jinja2
-from ale_verify import __version__, db
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from markupsafe import Markup
 
 from ale import catalog
+from ale_verify import __version__, db
 
 #: The board's tabs: (category, label, first page, stem of later pages).
 CATEGORIES: tuple[tuple[str, str, str, str], ...] = (
@@ -294,6 +294,16 @@ def rank(entries: Iterable[Entry], score: Callable[[Entry], float | None]) -> tu
     ranked = sorted((e for e in scored if not e.revoked), key=lambda e: (-(score(e) or 0.0), e.received_at, e.id))
     revoked = sorted((e for e in scored if e.revoked), key=lambda e: (e.received_at, e.id))
     return ranked, revoked
+
+
+def category_score(category: str) -> Callable[[Entry], float | None]:
+    """An entry's score in a leaderboard category, as :func:`rank` takes it."""
+    return lambda e: e.scores[category]
+
+
+def task_final(ref: str) -> Callable[[Entry], float | None]:
+    """An entry's final score on one task (None where it has none), as :func:`rank` takes it."""
+    return lambda e: e.finals.get(ref)
 
 
 # -- markdown ---------------------------------------------------------------------------------
@@ -602,14 +612,14 @@ class Site:
         entries.sort(key=lambda e: (e.received_at, e.id))
         boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
         for category, *_ in CATEGORIES:
-            ranked, revoked = rank(entries, lambda e, c=category: e.scores[c])
+            ranked, revoked = rank(entries, category_score(category))
             for position, e in enumerate(ranked, start=1):
                 e.ranks[category] = position
             boards[category] = (ranked, revoked)
         task_boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
         for task in self.tasks.values():
             ref = task.spec.ref
-            task_boards[ref] = rank(entries, lambda e, r=ref: e.finals.get(r))
+            task_boards[ref] = rank(entries, task_final(ref))
         self.context = {
             "version": __version__,
             "release": self.release.release,

@@ -4,6 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from ale.core.bundle import Limits
+from ale.core.reasons import Level, Use, reasons_for
+
+
+def _codes(*uses: Use) -> list[str]:
+    return [r.value for use in uses for r in reasons_for(use)]
+
+
+#: The reason codes and levels of ale.core.reasons, as closed enumerations.
+REQUEST_REASON = {"enum": _codes(Use.REQUEST)}
+REJECTION_REASON = {"enum": [*_codes(Use.REJECTION), None]}
+LISTED_REASON = {"enum": sorted(set(_codes(Use.REJECTION, Use.NOTE)))}
 ERROR = {
     "type": "object",
     "required": ["error"],
@@ -11,17 +23,17 @@ ERROR = {
         "error": {
             "type": "object",
             "required": ["reason", "message"],
-            "properties": {"reason": {"type": "string"}, "message": {"type": "string"}},
+            "properties": {"reason": REQUEST_REASON, "message": {"type": "string"}},
         }
     },
 }
-LEVEL = {"enum": ["self_reported", "validated", "audited", "officially_verified", "revoked", None]}
+LEVEL = {"enum": [*(level.value for level in Level), None]}
 REASONS = {
     "type": "array",
     "items": {
         "type": "object",
         "required": ["reason", "message"],
-        "properties": {"reason": {"type": "string"}, "message": {"type": "string"}},
+        "properties": {"reason": LISTED_REASON, "message": {"type": "string"}},
     },
 }
 SUBMISSION = {
@@ -31,7 +43,7 @@ SUBMISSION = {
         "id": {"type": "string"},
         "status": {"enum": ["accepted", "rejected"]},
         "level": LEVEL,
-        "reason": {"type": ["string", "null"]},
+        "reason": REJECTION_REASON,
         "reasons": REASONS,
         "received_at": {"type": "number"},
         "run_id": {"type": ["string", "null"]},
@@ -46,7 +58,7 @@ VERDICT = {
         "id": {"type": "string"},
         "status": {"enum": ["accepted", "rejected"]},
         "level": LEVEL,
-        "reason": {"type": ["string", "null"]},
+        "reason": REJECTION_REASON,
         "reasons": REASONS,
         "url": {"type": "string"},
     },
@@ -64,7 +76,7 @@ def _json(schema: dict[str, Any], description: str = "OK") -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-AUTH = [{"bearer": []}]
+AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 #: Path identifiers; any other value is a 404 (verify/_web.py PATH_ID).
 ID_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "maxLength": 64}
 ID_PARAM = {"name": "submission_id", "in": "path", "required": True, "schema": ID_SCHEMA}
@@ -182,7 +194,7 @@ def document(server_url: str) -> dict[str, Any]:
                         "required": True,
                         "content": {
                             "application/octet-stream": {
-                                "schema": {"type": "string", "format": "binary", "maxLength": 20 * 1024 * 1024}
+                                "schema": {"type": "string", "format": "binary", "maxLength": Limits().max_ciphertext}
                             }
                         },
                     },

@@ -1,20 +1,24 @@
 """The upload pipeline, in ``architecture.txt``'s order. Each step is a small function; each
-failure a :class:`~ale.core.verify.VerificationError` whose ``reason`` the database stores and the
-API returns. Anything else raised here is our bug (HTTP 500), never the uploader's.
+failure a :class:`~ale.core.reasons.VerificationError` whose :class:`~ale.core.reasons.Reason`
+the database stores and the API returns. Anything else raised here is our bug (HTTP 500), never
+the uploader's. Steps 3 to 12 are ``ale.core``'s, the very functions ``ale inspect`` runs.
 
 1. receive ciphertext (streamed to a temp file by the app, the size cap enforced while reading)
 2. SHA-256 of the ciphertext
-3. decrypt with the site's private key (age header stanzas capped first)
-4. enforce the decompressed-size and file-count limits while decompressing
-5. safe tar inspection (traversal, absolute paths, links, devices, FIFOs refused; nothing is
-   written to disk: members are read into memory)
+3. decrypt with the site's private key (the age header's grammar and X25519 stanzas checked first)
+4. exactly one zstd frame, decompressed within the decompressed-size limit
+5. safe tar inspection (traversal, absolute paths, links, devices, FIFOs, special mode bits
+   refused; nothing is written to disk: members are read into memory), then the canonical
+   layout (exactly ``build_tar``'s bytes, nothing after the end-of-archive blocks)
 6. allow-listed files only, all of them
-7. JSON documents parse and are what they claim to be; no field may claim a verification level
+7. JSON documents: parsed by the one bounded parser, no member claiming a verification level
+   anywhere, canonical, schema-valid, structured into their models
 8. challenge token (server-signed, unexpired, one-time) and the nonce bound in the trajectory
 9. hash chain of the trajectory
 10. integrity root (file digests, Merkle root, chain head) and a registered runner's signature
 11. benchmark and task versions, coverage
-12. recompute the scores from the evaluator results and compare with the claimed ones
+12. the faithfulness verdicts; recompute the scores from the evaluator results and compare with
+    the claimed ones
 13. audit summary
 14. persist metadata (submission row + audit log entry)
 15. delete the plaintext and ciphertext temp files (every path, failures included)
@@ -23,7 +27,6 @@ API returns. Anything else raised here is our bug (HTTP 500), never the uploader
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import secrets
 import shutil
@@ -34,44 +37,50 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import attrs
-from ale_verify import db, tokens
-from ale_verify.chain_workers import ChainWorkers
-from ale_verify.config import Settings
 
 from ale import catalog
 from ale.core import bundle
-from ale.core.signing import SignatureError, verify_root
+from ale.core.documents import ELEVATION_MEMBERS
+from ale.core.reasons import Level, Reason
 from ale.core.verify import (
     Documents,
+    RunnerKey,
     VerificationError,
     check_chain,
     check_integrity,
+    check_signature,
     check_versions,
     file_digests,
+    level_for,
     parse_documents,
+    plain,
     recompute_scores,
 )
 from ale.runner.inspect import installed_releases, read_identity
 from ale.schemas import validate_document
+from ale_verify import db, tokens
+from ale_verify.chain_workers import ChainWorkers
+from ale_verify.config import Settings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Fields no upload may carry: levels are assigned by the backend only.
-ELEVATION_FIELDS = frozenset({"level", "verification_level", "verified", "audited", "officially_verified", "status"})
+#: Query parameters and body fields no request may carry: levels are assigned by the backend only
+#: (documents are searched for the level-like members of ale.core.documents.ELEVATION_MEMBERS).
+ELEVATION_FIELDS = ELEVATION_MEMBERS | {"status"}
 
 
 @attrs.frozen
 class Outcome:
     submission_id: str
     status: str  # accepted | rejected
-    level: str | None
-    reason: str | None  # the first failure's code
+    level: Level | None
+    reason: Reason | None  # the first failure's code
     reasons: list[dict[str, str]]
     summary: dict[str, Any]
 
 
-def _limits(settings: Settings) -> bundle.Limits:
+def limits(settings: Settings) -> bundle.Limits:
     return bundle.Limits(
         max_ciphertext=settings.max_upload_bytes,
         max_decompressed=settings.max_decompressed_bytes,
@@ -86,20 +95,31 @@ def site_identity(settings: Settings) -> str:
     return read_identity(settings.key_file)
 
 
+def registered_runner(settings: Settings) -> Callable[[str], RunnerKey | None]:
+    """Looks up a registered, active runner key in the site's database."""
+
+    def lookup(key_id: str) -> RunnerKey | None:
+        row = db.runner_key(settings.database, key_id)
+        if row is None or row["retired_at"] is not None:
+            return None
+        return RunnerKey(row["key_id"], row["public_key"], row["kind"], row["label"])
+
+    return lookup
+
+
 # -- steps --------------------------------------------------------------------------------------
 
 
 def step_decrypt(ciphertext: bytes, settings: Settings) -> bytes:
-    bundle.check_age_header(ciphertext, _limits(settings))
-    return bundle.decrypt(ciphertext, site_identity(settings), _limits(settings))
+    return bundle.decrypt(ciphertext, site_identity(settings), limits(settings))
 
 
-def step_decompress(plain: bytes, settings: Settings) -> bytes:
-    return bundle.decompress(plain, _limits(settings))
+def step_decompress(plain_bytes: bytes, settings: Settings) -> bytes:
+    return bundle.decompress(plain_bytes, limits(settings))
 
 
 def step_inspect_tar(tar: bytes, settings: Settings) -> dict[str, bytes]:
-    return bundle.inspect_tar(tar, _limits(settings))
+    return bundle.inspect_tar(tar, limits(settings))
 
 
 def step_allowlist(files: dict[str, bytes]) -> None:
@@ -107,67 +127,40 @@ def step_allowlist(files: dict[str, bytes]) -> None:
 
 
 def step_schemas(files: dict[str, bytes], on_events: Callable[[bytes], None] | None = None) -> Documents:
-    try:  # levels are looked for first, so a claim is named for what it is, not as a schema error
-        m = json.loads(files["manifest.json"])
-    except (ValueError, UnicodeDecodeError):
-        m = None
-    if isinstance(m, dict):
-        _refuse_levels(m)
-    docs = parse_documents(files, validate_document, on_events)
-    _refuse_levels(docs.manifest)
-    return docs
-
-
-def _refuse_levels(m: dict[str, Any]) -> None:
-    for where, doc in (("manifest.json", m), ("manifest.json run", m.get("run")),
-                       ("manifest.json agent.declared", (m.get("agent") or {}).get("declared"))):  # fmt: skip
-        if isinstance(doc, dict):
-            field = next((k for k in doc if k in ELEVATION_FIELDS - {"status"}), None)
-            if field is not None:
-                raise VerificationError("self_elevation", f"{where} carries {field!r}: levels are the verifier's")
+    """Every document parsed (parse_json), refused if it claims a level anywhere, canonical,
+    schema-valid and structured into its model (ale.core.verify.parse_documents)."""
+    return parse_documents(files, validate_document, on_events)
 
 
 def step_challenge(
     docs: Documents, settings: Settings, signing_key: bytes, *, user_id: str, submission_id: str, now: float
 ) -> dict[str, Any] | None:
     """Verify the token and consume its challenge; None when the run had no challenge."""
-    challenge = docs.manifest.get("challenge")
+    challenge = docs.manifest.challenge
     if challenge is None:
         return None
-    if not isinstance(challenge, dict):
-        raise VerificationError("schema_invalid", "manifest.json: challenge must be an object or null")
     try:
-        payload = tokens.verify(signing_key, challenge.get("token"), now=now)
+        payload = tokens.verify(signing_key, challenge.token, now=now)
     except tokens.TokenError as exc:
-        raise VerificationError(exc.reason, str(exc)) from None
+        raise VerificationError(Reason(exc.reason), str(exc)) from None
     row = db.get_challenge(settings.database, payload["cid"])
     if row is None or row["nonce"] != payload["nonce"]:
-        raise VerificationError("token_invalid", "the challenge token names no challenge this site issued")
+        raise VerificationError(Reason.TOKEN_INVALID, "the challenge token names no challenge this site issued")
     if row["user_id"] != user_id:
-        raise VerificationError("token_invalid", "the challenge was issued to another user")
-    if challenge.get("nonce") != payload["nonce"]:
-        raise VerificationError("nonce_mismatch", "the manifest's nonce is not the challenge's")
+        raise VerificationError(Reason.TOKEN_INVALID, "the challenge was issued to another user")
+    if challenge.nonce != payload["nonce"]:
+        raise VerificationError(Reason.NONCE_MISMATCH, "the manifest's nonce is not the challenge's")
     # The nonce must be the one bound into the trajectory's first event (checked with the chain).
     try:
         db.consume_challenge(settings.database, payload["cid"], submission_id)
     except db.Conflict:
-        raise VerificationError("token_replayed", "the challenge token was already used") from None
+        raise VerificationError(Reason.TOKEN_REPLAYED, "the challenge token was already used") from None
     return row
 
 
-def step_signature(docs: Documents, root: str, settings: Settings) -> dict[str, Any] | None:
+def step_signature(docs: Documents, root: str, settings: Settings) -> RunnerKey | None:
     """A runner signature over the root, if any: it must verify and name a registered, active key."""
-    signature = docs.integrity.get("signature")
-    if signature is None:
-        return None
-    try:
-        key_id = verify_root(signature, root)
-    except SignatureError as exc:
-        raise VerificationError("bad_signature", str(exc)) from None
-    key = db.runner_key(settings.database, key_id)
-    if key is None or key["retired_at"] is not None or key["public_key"] != signature["public_key"]:
-        raise VerificationError("unregistered_runner", "the bundle is signed by a key that is not a registered runner")
-    return key
+    return check_signature(docs, root, registered_runner(settings))[1]
 
 
 def audit_summary(
@@ -175,21 +168,19 @@ def audit_summary(
     recomputed: Any,
     *,
     challenge: dict[str, Any] | None,
-    runner: dict[str, Any] | None,
+    runner: RunnerKey | None,
     ciphertext_sha256: str,
     root: str,
     events: int,
 ) -> dict[str, Any]:
     m = docs.manifest
-    run = m.get("run") or {}
-    agent = m.get("agent") or {}
     agg = recomputed.aggregate
     return {
-        "run_id": m.get("run_id"),
-        "agent": {"name": agent.get("name"), "declared": agent.get("declared") or {}},
-        "release": (m.get("release") or {}).get("name"),
-        "release_sha256": (m.get("release") or {}).get("manifest_sha256"),
-        "tasks": [{**t_score, "status": "completed"} for t_score in (docs.claimed.get("tasks") or [])]
+        "run_id": m.run_id,
+        "agent": {"name": m.agent.name, "declared": dict(m.agent.declared)},
+        "release": m.release.name,
+        "release_sha256": m.release.manifest_sha256,
+        "tasks": [{**plain(t_score), "status": "completed"} for t_score in docs.claimed.tasks]
         + [
             {"task": t.task, "genre": t.genre, "status": t.status, "reason": t.reason}
             for t in docs.results.tasks
@@ -205,34 +196,27 @@ def audit_summary(
         "covered": list(agg.covered),
         "missing": list(agg.missing),
         "coverage_complete": agg.coverage_complete,
-        "official_episode_counts": bool(run.get("official_episode_counts")),
-        "started": run.get("started"),
-        "finished": run.get("finished"),
-        "usage": (docs.network.get("usage") or {}),
-        "network_proxy": docs.network.get("proxy"),
-        "runtime": m.get("runtime") or {},
+        "official_episode_counts": m.run.official_episode_counts,
+        "started": m.run.started,
+        "finished": m.run.finished,
+        "usage": plain(docs.network.usage),
+        "network_proxy": docs.network.proxy,
+        "runtime": plain(m.runtime),
         "challenge_id": challenge["id"] if challenge else None,
-        "runner": None
-        if runner is None
-        else {"key_id": runner["key_id"], "kind": runner["kind"], "label": runner["label"]},
+        "runner": None if runner is None else {"key_id": runner.key_id, "kind": runner.kind, "label": runner.label},
         "ciphertext_sha256": ciphertext_sha256,
         "merkle_root": root,
         "trajectory_events": events,
     }
 
 
-def assign_level(summary: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
-    """The level the backend can prove, with notes on what kept it lower."""
-    notes = []
-    if summary["challenge_id"] is None:
-        notes.append({"reason": "no_challenge", "message": "the run had no challenge: freshness cannot be proven"})
-    if not summary["official_episode_counts"]:
-        notes.append({"reason": "unofficial_episodes", "message": "the run overrode the official episode counts"})
-    if notes:
-        return "self_reported", notes
-    if summary["runner"] is not None:
-        return "officially_verified", notes
-    return "validated", notes
+def assign_level(summary: dict[str, Any]) -> tuple[Level, list[dict[str, str]]]:
+    """The level the backend can prove, with notes on what kept it lower (ale.core.verify.level_for)."""
+    return level_for(
+        challenged=summary["challenge_id"] is not None,
+        official_episode_counts=bool(summary["official_episode_counts"]),
+        runner=summary["runner"] is not None,
+    )
 
 
 # -- the pipeline -------------------------------------------------------------------------------
@@ -319,7 +303,7 @@ def process_upload(
                 known_tasks={t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()},
             )
             recomputed = recompute_scores(docs, release)  # 12.
-        except (VerificationError, bundle.BundleError) as exc:
+        except VerificationError as exc:  # BundleError is one
             reason = exc.reason
             outcome = Outcome(
                 submission_id,

@@ -26,6 +26,13 @@ POLICY_ARTIFACT = "policy.safetensors"
 DEFAULT_SEED = 0
 
 
+def box(space: gym.Space[Any]) -> gym.spaces.Box:
+    """``space`` as a Box; an agent for continuous tasks stops with this message on any other space."""
+    if not isinstance(space, gym.spaces.Box):
+        raise SystemExit(f"unsupported space {space}: this agent needs a Box")
+    return space
+
+
 class BudgetExhausted(RuntimeError):
     """The next piece of work would exceed the environment-step or wall-time budget."""
 
@@ -67,8 +74,8 @@ class AgentContext:
             raise SystemExit(f"the evaluator serves {self.spec.task_id!r}, not ALE_TASK_ID={self.task_id!r}")
         self.task_id = self.spec.task_id
         self.mode = os.environ.get("ALE_MODE", "") or self.spec.mode
-        self.observation_space: gym.Space = decode_space(self.spec.observation_space)
-        self.action_space: gym.Space = decode_space(self.spec.action_space)
+        self.observation_space: gym.spaces.Box | gym.spaces.Discrete = decode_space(self.spec.observation_space)
+        self.action_space: gym.spaces.Box | gym.spaces.Discrete = decode_space(self.spec.action_space)
 
     # -- output ----------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ale.agents._common import AgentContext, BudgetExhausted, describe_result
+from ale.agents._common import AgentContext, BudgetExhausted, box, describe_result
 from ale.client import RemoteVectorEnv
 from ale.policy import save_policy
 
@@ -81,7 +81,8 @@ def artifact(m: np.ndarray, mu: np.ndarray, sd: np.ndarray) -> bytes:
 
 def joint_penalty(obs: np.ndarray) -> np.ndarray:
     q = obs[:, 2:5]
-    return np.sum(np.maximum(0.0, np.maximum(q - JOINT_HI, JOINT_LO - q)), axis=1)
+    penalty: np.ndarray = np.sum(np.maximum(0.0, np.maximum(q - JOINT_HI, JOINT_LO - q)), axis=1)
+    return penalty
 
 
 class StallMonitor:
@@ -102,8 +103,8 @@ class StallMonitor:
 class Trainer:
     def __init__(self, ctx: AgentContext) -> None:
         self.ctx = ctx
-        self.obs_dim = int(np.prod(ctx.observation_space.shape))
-        self.act_dim = int(np.prod(ctx.action_space.shape))
+        self.obs_dim = int(np.prod(box(ctx.observation_space).shape))
+        self.act_dim = int(np.prod(box(ctx.action_space).shape))
         self.horizon = int(ctx.spec.max_episode_steps) or 1000
         self.k = 2 * N_DIRECTIONS
         self.envs = [RemoteVectorEnv(ctx.evaluator, N_DIRECTIONS) for _ in range(2)]  # plus, minus
@@ -158,7 +159,8 @@ class Trainer:
             # A finished copy's row already starts a new episode; its last observation is final_obs.
             last = np.where(done[:, None], infos["final_obs"], nxt) if done.any() else nxt
             parts.append((nxt, last, reward, done))
-        return tuple(np.concatenate(p) for p in zip(*parts, strict=True))  # type: ignore[return-value]
+        observations, lasts, rewards, dones = (np.concatenate(p) for p in zip(*parts, strict=True))
+        return observations, lasts, rewards, dones
 
     def iteration(self) -> tuple[np.ndarray, np.ndarray]:
         n = N_DIRECTIONS

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ale.agents._common import AgentContext
+from ale.agents._common import AgentContext, box
 from ale.agents._lqr import dlqr
 from ale.client import RemoteVectorEnv
 
@@ -44,8 +44,9 @@ if __name__ == "__main__":
 
 def explore(ctx: AgentContext, transitions: int = TRANSITIONS, k: int = NUM_COPIES) -> tuple[np.ndarray, ...]:
     """(X, U, X') from uniformly random actions, K copies stepped together."""
-    low = np.asarray(ctx.action_space.low, dtype=np.float32)
-    high = np.asarray(ctx.action_space.high, dtype=np.float32)
+    action_space = box(ctx.action_space)
+    low = np.asarray(action_space.low, dtype=np.float32)
+    high = np.asarray(action_space.high, dtype=np.float32)
     rng = np.random.default_rng(ctx.seed)
     steps = -(-transitions // k)
     ctx.reserve_steps(steps * k)
@@ -87,7 +88,8 @@ def check(ctx: AgentContext, gain: np.ndarray, k: int = CHECK_COPIES) -> tuple[i
     """One practice episode per copy with the controller: (episodes that reached the limit, max |cart|)."""
     horizon = int(ctx.spec.max_episode_steps) or 1000
     ctx.reserve_steps(horizon * k)
-    low, high = float(ctx.action_space.low[0]), float(ctx.action_space.high[0])
+    action_space = box(ctx.action_space)
+    low, high = float(action_space.low[0]), float(action_space.high[0])
     env = RemoteVectorEnv(ctx.evaluator, k)
     finished = np.zeros(k, dtype=bool)
     success = np.zeros(k, dtype=bool)
@@ -121,7 +123,8 @@ def solve(ctx: AgentContext) -> None:
     ctx.log(f"A =\n{a}\nB = {b.ravel()}")
     gain, _, iters = dlqr(a, b, np.eye(a.shape[0]), np.eye(b.shape[1]))
     ctx.note(f"discrete LQR (Q=I, R=1) converged in {iters} Riccati iterations: K = {np.round(gain, 4).tolist()}")
-    low, high = float(ctx.action_space.low[0]), float(ctx.action_space.high[0])
+    action_space = box(ctx.action_space)
+    low, high = float(action_space.low[0]), float(action_space.high[0])
     path = ctx.write_policy_script(_SCRIPT.format(gain=gain.tolist(), low=low, high=high))
     ctx.note(f"wrote {path}: u = clip(-K x, {low}, {high})")
     horizon = int(ctx.spec.max_episode_steps) or 1000

@@ -31,7 +31,8 @@ def jt_pd(obs: np.ndarray) -> np.ndarray:
     # J = [[-L1 s1 - L2 s12, -L2 s12], [L1 c1 + L2 c12, L2 c12]];  tau = J^T f - KD qdot
     tau1 = (-L1 * s1 - L2 * s12) * fx + (L1 * c1 + L2 * c12) * fy - KD * obs[..., 6]
     tau2 = (-L2 * s12) * fx + (L2 * c12) * fy - KD * obs[..., 7]
-    return np.clip(np.stack([tau1, tau2], axis=-1), -1.0, 1.0)
+    tau: np.ndarray = np.clip(np.stack([tau1, tau2], axis=-1), -1.0, 1.0)
+    return tau
 
 
 def policy_script() -> str:

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 
@@ -47,9 +49,9 @@ if __name__ == "__main__":
 '''
 
 
-def random_linear_artifact(obs_space: gym.Space, act_space: gym.Space, rng: np.random.Generator) -> bytes:
+def random_linear_artifact(obs_space: gym.Space[Any], act_space: gym.Space[Any], rng: np.random.Generator) -> bytes:
     """A linear policy with i.i.d. normal weights (scaled by 1/sqrt(inputs)) and zero bias."""
-    obs_dim = int(np.prod(obs_space.shape))
+    obs_dim = int(np.prod(obs_space.shape or ()))  # Box and Discrete have a shape (Discrete's is ())
     if isinstance(act_space, gym.spaces.Discrete):
         w = rng.standard_normal((int(act_space.n), obs_dim)) / np.sqrt(obs_dim)
         return linear_policy(w, output="discrete")
@@ -59,7 +61,7 @@ def random_linear_artifact(obs_space: gym.Space, act_space: gym.Space, rng: np.r
     raise SystemExit(f"unsupported action space {act_space}")
 
 
-def random_policy_script(act_space: gym.Space, seed: int) -> str:
+def random_policy_script(act_space: gym.Space[Any], seed: int) -> str:
     if isinstance(act_space, gym.spaces.Discrete):
         fields = dict(kind="discrete", low=[], high=[], shape=(), start=int(act_space.start), n=int(act_space.n))
     elif isinstance(act_space, gym.spaces.Box):

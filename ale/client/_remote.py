@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import grpc
 import gymnasium as gym
@@ -13,6 +13,8 @@ from gymnasium.vector.utils import batch_space
 from ale.env.v1 import env_pb2 as pb
 from ale.env.v1 import env_pb2_grpc
 from ale.protocol import MAX_MESSAGE_BYTES, decode_space, decode_tensor, encode_tensor
+
+_Reply = TypeVar("_Reply")
 
 
 class AleEnvError(RuntimeError):
@@ -45,49 +47,67 @@ class AleEnvClient:
         except grpc.RpcError as exc:
             raise AleEnvError(method, exc.code(), exc.details() or "") from None
 
+    def _reply(self, method: str, request: Any, reply: type[_Reply]) -> _Reply:
+        """:meth:`_call`, typed: ``reply`` is the message type the stub decodes ``method``'s answer to."""
+        return cast(_Reply, self._call(method, request))  # the generated stub is untyped
+
     def create_env(self, **kw: Any) -> pb.CreateEnvResponse:
-        return self._call("CreateEnv", pb.CreateEnvRequest(**kw))
+        return self._reply("CreateEnv", pb.CreateEnvRequest(**kw), pb.CreateEnvResponse)
 
     def get_spec(self, env_id: str = "") -> pb.EnvSpec:
-        return self._call("GetSpec", pb.GetSpecRequest(env_id=env_id)).spec
+        return self._reply("GetSpec", pb.GetSpecRequest(env_id=env_id), pb.GetSpecResponse).spec
 
     def reset(self, env_id: str, seed: int | None = None) -> pb.ResetResponse:
         req = pb.ResetRequest(env_id=env_id)
         if seed is not None:
             req.seed = seed
-        return self._call("Reset", req)
+        return self._reply("Reset", req, pb.ResetResponse)
 
     def step(self, env_id: str, action: np.ndarray) -> pb.StepResponse:
         req = pb.StepRequest(env_id=env_id)
         encode_tensor(action, req.action)
-        return self._call("Step", req)
+        return self._reply("Step", req, pb.StepResponse)
 
     def start_eval_session(self, env_id: str, num_episodes: int = 0) -> pb.StartEvalSessionResponse:
-        return self._call("StartEvalSession", pb.StartEvalSessionRequest(env_id=env_id, num_episodes=num_episodes))
+        return self._reply(
+            "StartEvalSession",
+            pb.StartEvalSessionRequest(env_id=env_id, num_episodes=num_episodes),
+            pb.StartEvalSessionResponse,
+        )
 
     def get_eval_result(self, session_id: str, *, finalize: bool = False) -> pb.EvalResult:
-        return self._call("GetEvalResult", pb.GetEvalResultRequest(session_id=session_id, finalize=finalize)).result
+        return self._reply(
+            "GetEvalResult",
+            pb.GetEvalResultRequest(session_id=session_id, finalize=finalize),
+            pb.GetEvalResultResponse,
+        ).result
 
     def submit_batch_eval(
         self, policy: bytes, *, official: bool = False, num_episodes: int = 0, seed: int = 0
     ) -> pb.SubmitBatchEvalResponse:
-        return self._call(
+        return self._reply(
             "SubmitBatchEval",
             pb.SubmitBatchEvalRequest(policy=policy, official=official, num_episodes=num_episodes, seed=seed),
+            pb.SubmitBatchEvalResponse,
         )
 
     def get_batch_eval_status(self, batch_id: str, *, wait_ms: int = 0) -> pb.GetBatchEvalStatusResponse:
         """Progress of a batch; with ``wait_ms`` the evaluator answers as soon as it finishes."""
-        return self._call("GetBatchEvalStatus", pb.GetBatchEvalStatusRequest(batch_id=batch_id, wait_ms=wait_ms))
+        return self._reply(
+            "GetBatchEvalStatus",
+            pb.GetBatchEvalStatusRequest(batch_id=batch_id, wait_ms=wait_ms),
+            pb.GetBatchEvalStatusResponse,
+        )
 
     def close(self) -> None:
         if self._own_channel:
             self.channel.close()
 
 
-def _action_array(space: gym.Space, actions: Any, k: int) -> np.ndarray:
+def _action_array(space: gym.Space[Any], actions: Any, k: int) -> np.ndarray:
     if isinstance(space, gym.spaces.Discrete):
         return np.asarray(actions, dtype=np.int64).reshape(k)
+    assert isinstance(space, gym.spaces.Box), "decode_space gives Box or Discrete"
     arr = np.asarray(actions)
     dtype = arr.dtype if arr.dtype.kind == "f" else space.dtype
     return arr.astype(dtype, copy=False).reshape((k, *space.shape))

@@ -11,15 +11,18 @@ and reports every problem with its path, so an error names the field that is wro
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, get_args, get_origin
 
 import cattrs
 import orjson
+from cattrs.cols import homogenous_tuple_structure_factory, mapping_structure_factory
 from cattrs.gen import make_dict_structure_fn
 from cattrs.v import format_exception
 
 T = TypeVar("T")
+#: A JSON scalar, for free-form members whose values are never containers.
+Scalar = str | int | float | bool | None
 
 
 class ParseError(ValueError):
@@ -165,10 +168,46 @@ def _make_converter() -> cattrs.Converter:
             raise ValueError(f"expected true or false, got {type(value).__name__}")
         return value
 
+    def _strict_none(value: Any, _t: type) -> None:
+        if value is not None:
+            raise ValueError(f"expected null, got {type(value).__name__}")
+
+    def _strict_scalar(value: Any, _t: type) -> Any:
+        if value is not None and type(value) not in (str, int, float, bool):
+            raise ValueError(f"expected a string, number, boolean or null, got {type(value).__name__}")
+        return value
+
     conv.register_structure_hook(float, _strict_float)
     conv.register_structure_hook(int, _strict_int)
     conv.register_structure_hook(str, _strict_str)
     conv.register_structure_hook(bool, _strict_bool)
+    conv.register_structure_hook_func(lambda t: t is None or t is type(None), _strict_none)
+    conv.register_structure_hook(Scalar, _strict_scalar)
+
+    def _only(kind: type, name: str, inner: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+        # cattrs would make a tuple of a string's characters or a dict's keys; JSON arrays only
+        def structure_container(value: Any, t: Any) -> Any:
+            if type(value) is not kind:
+                raise ValueError(f"expected {name}, got {type(value).__name__}")
+            return inner(value, t)
+
+        return structure_container
+
+    def _is_tuple(t: Any) -> bool:
+        args = get_args(t)
+        return get_origin(t) is tuple and len(args) == 2 and args[1] is Ellipsis
+
+    conv.register_structure_hook_factory(
+        _is_tuple, lambda t: _only(list, "an array", homogenous_tuple_structure_factory(t, conv))
+    )
+
+    def _is_mapping(t: Any) -> bool:
+        origin: Any = get_origin(t)
+        return origin is dict or origin is Mapping
+
+    conv.register_structure_hook_factory(
+        _is_mapping, lambda t: _only(dict, "an object", mapping_structure_factory(t, conv))
+    )
 
     def _attrs_factory(cls: type) -> Any:
         inner: Callable[[Any, type], Any] = make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True)

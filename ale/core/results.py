@@ -19,6 +19,8 @@ from ale.core.scoring import Aggregate, TaskScore, aggregate, score_task
 
 TASK_RESULTS_SCHEMA = "ale-task-results/v1"
 SCORES_SCHEMA = "ale-score-breakdown/v1"
+#: Why an episode was aborted ("" when it was not): the evaluator's reasons, as the schema lists them.
+AbortReason = Literal["", "reset_mid_episode", "session_closed", "not_started", "policy_error", "evaluator_error"]
 
 
 def _finite(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
@@ -42,7 +44,7 @@ class Episode:
     terminated: bool
     truncated: bool
     aborted: bool
-    abort_reason: str
+    abort_reason: AbortReason
     headline_value: float = attrs.field(validator=_finite)
 
     @property
@@ -131,8 +133,16 @@ def check_result(task: TaskResult) -> None:
             raise ResultInconsistency(f"{task.task}: safety metric {s.name} does not match the episodes")
 
 
+MAX_TASK_RESULTS_BYTES = 32 * 1024 * 1024
+
+
 def parse_task_results(raw: bytes) -> TaskResults:
-    results = loads(raw, TaskResults, what="task_results.json", max_bytes=32 * 1024 * 1024)
+    """Parse and check ``task_results.json`` (ParseError, ResultInconsistency)."""
+    return check_task_results(loads(raw, TaskResults, what="task_results.json", max_bytes=MAX_TASK_RESULTS_BYTES))
+
+
+def check_task_results(results: TaskResults) -> TaskResults:
+    """Each task once, and each result consistent with its episodes (ResultInconsistency)."""
     seen = set()
     for t in results.tasks:
         if t.task in seen:

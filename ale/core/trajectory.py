@@ -24,16 +24,16 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import json
 import math
 import operator
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
 import orjson
 
+from ale.core import grammar
 from ale.core.canonical import (
     NON_BMP,
     ORJSON_EXPONENT_BAND,
@@ -41,10 +41,10 @@ from ale.core.canonical import (
     CanonicalError,
     canonical_json,
     encode_prepared,
-    floats_agree,
     parse_canonical,
     prepare,
 )
+from ale.core.parse import JsonLimitError, ParseError, parse_json
 
 EVENT_SCHEMA = "ale-trajectory-event/v1"
 GENESIS = "0" * 64
@@ -56,6 +56,9 @@ _WALL_TIME = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}
 _KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MAX_LINE_BYTES = 1 << 20
+#: containers nest at most this deep in a line (the event object is level 1, its data level 2)
+MAX_LINE_DEPTH = 64
+_YEAR_10000 = 253_402_300_800  # seconds since the epoch
 
 
 class ChainError(ValueError):
@@ -87,8 +90,16 @@ def _hash_and_line(event: dict[str, Any]) -> tuple[str, bytes]:
             return digest, encode_prepared(prepared) + b"\n"
         except UnicodeEncodeError:
             pass
+    # The reference path: its numbers and strings are the unusual ones (an integral float past
+    # 2**53 is written as an integer no verifier accepts, a lone surrogate has no form at all), so
+    # the line is read back the way a verifier reads it.
     digest = event_hash(event)
-    return digest, canonical_json({**event, "hash": digest}) + b"\n"
+    line = canonical_json({**event, "hash": digest})
+    try:
+        parse_line(line, 0)
+    except ChainError as exc:
+        raise ValueError(f"the event has no form a verifier reads back ({exc.reason}: {exc.detail})") from None
+    return digest, line + b"\n"
 
 
 @attrs.define
@@ -99,16 +110,19 @@ class ChainBuilder:
     seq: int = 0
     per_producer: dict[str, int] = attrs.Factory(dict)
 
-    def append(
+    def build(
         self, producer: str, kind: str, data: Mapping[str, Any], *, wall_time: float, monotonic: float
     ) -> tuple[dict[str, Any], bytes]:
-        """Make the next event; return it and its line (canonical JSON plus newline)."""
+        """The next event and its line (canonical JSON plus newline), not yet taken: :meth:`commit`
+        it, or drop it. Raises ValueError for an event no verifier would read back."""
         if producer not in PRODUCERS:
             raise ValueError(f"unknown producer {producer!r}")
-        if not _KIND.fullmatch(kind):
+        if type(kind) is not str or (kind not in _VALID_KINDS and not _kind_ok(kind)):
             raise ValueError(f"event kind {kind!r} is not a lowercase identifier")
         if not math.isfinite(monotonic):
             raise ValueError("monotonic time must be finite")
+        if not 0 <= wall_time < _YEAR_10000:  # (false for NaN and the infinities too)
+            raise ValueError(f"wall time {wall_time!r} is not a time between 1970 and 9999")
         event: dict[str, Any] = {
             "schema": EVENT_SCHEMA,
             "seq": self.seq,
@@ -123,9 +137,22 @@ class ChainBuilder:
         event["hash"], line = _hash_and_line(event)
         if len(line) > MAX_LINE_BYTES:
             raise ValueError(f"event of {len(line)} bytes exceeds the line limit of {MAX_LINE_BYTES}")
+        return event, line
+
+    def commit(self, event: Mapping[str, Any]) -> None:
+        """Take the event :meth:`build` returned last: the chain moves past it."""
+        if event["seq"] != self.seq or event["prev_hash"] != self.head:
+            raise ValueError("not the next event of this chain")
         self.head = event["hash"]
         self.seq += 1
-        self.per_producer[producer] = event["producer_sequence"] + 1
+        self.per_producer[event["producer"]] = event["producer_sequence"] + 1
+
+    def append(
+        self, producer: str, kind: str, data: Mapping[str, Any], *, wall_time: float, monotonic: float
+    ) -> tuple[dict[str, Any], bytes]:
+        """Make and take the next event; return it and its line."""
+        event, line = self.build(producer, kind, data, wall_time=wall_time, monotonic=monotonic)
+        self.commit(event)
         return event, line
 
 
@@ -143,13 +170,18 @@ class ChainSummary:
     eval_results: dict[str, dict[str, Any]] = attrs.Factory(dict)
 
 
-def _strict_parse(raw: bytes, number: int) -> dict[str, Any]:
-    """The reference path: parse strictly, re-encode with RFC 8785, compare; names the fault."""
+def parse_line(raw: bytes, number: int) -> dict[str, Any]:
+    """The reference line parser: strictly (:func:`ale.core.parse.parse_json`), then the line must be
+    the RFC 8785 form of what it holds. Names the fault; the fast path defers to it when in doubt."""
+    if len(raw) > MAX_LINE_BYTES:
+        raise ChainError("line_too_long", number, f"line of {len(raw)} bytes exceeds {MAX_LINE_BYTES}")
     try:
-        event = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise ChainError("not_json", number, "not a JSON object") from None
-    if not isinstance(event, dict):
+        event = parse_json(raw, what="event", max_bytes=MAX_LINE_BYTES, max_depth=MAX_LINE_DEPTH, unique_keys=False)
+    except JsonLimitError:
+        raise ChainError("too_deep", number, f"nested deeper than {MAX_LINE_DEPTH} levels") from None
+    except ParseError as exc:  # not UTF-8, not JSON, or not I-JSON (NaN, a lone surrogate, a huge integer)
+        raise ChainError("not_json", number, str(exc)) from None
+    if type(event) is not dict:
         raise ChainError("not_json", number, "not a JSON object")
     try:
         canonical = canonical_json(event)
@@ -161,10 +193,8 @@ def _strict_parse(raw: bytes, number: int) -> dict[str, Any]:
 
 
 def _parse_line(raw: bytes, number: int) -> dict[str, Any]:
-    if len(raw) > MAX_LINE_BYTES:
-        raise ChainError("line_too_long", number, f"line of {len(raw)} bytes exceeds {MAX_LINE_BYTES}")
-    event = parse_canonical(raw)
-    return event if type(event) is dict else _strict_parse(raw, number)
+    event = parse_canonical(raw) if len(raw) <= MAX_LINE_BYTES else None
+    return event if type(event) is dict and _nested_agrees(event, 1) else parse_line(raw, number)
 
 
 def _refuse_truncated(stream: bytes) -> None:
@@ -179,53 +209,114 @@ def iter_events(stream: bytes) -> Iterator[tuple[int, dict[str, Any]]]:
         yield number, _parse_line(raw, number)
 
 
-def _fail(reason: str, number: int, message: str) -> None:
-    raise ChainError(reason, number, message)
+# -- an event's members ---------------------------------------------------------------------------
+
+_PRODUCER_SET = frozenset(PRODUCERS)
+#: kinds known to match _KIND: the grammar's, and others once seen (a cache: the regex is the rule)
+_VALID_KINDS: set[str] = {kind for kinds in grammar.KINDS.values() for kind in kinds}
+#: an event's members, in the order check_chunk unpacks them
+_MEMBERS = operator.itemgetter(
+    "schema", "seq", "producer", "producer_sequence", "wall_time", "monotonic", "kind", "data", "prev_hash", "hash"
+)
 
 
-_VALID_KINDS: set[str] = set()  # kinds already seen to match _KIND (a cache: the regex is the rule)
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "..."
 
 
-def _check_fields(number: int, event: dict[str, Any], head: str = "") -> None:
-    """Every member's presence and format. ``head`` is a hash already checked (a ``prev_hash``
-    equal to it needs no second look); a ``hash`` of the right length is proven to be hex when it
-    matches the SHA-256 of the body (:func:`_hash_fault` names it otherwise)."""
+def _kind_ok(kind: Any) -> bool:
+    if type(kind) is str and kind in _VALID_KINDS:
+        return True
+    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+        return False
+    if len(_VALID_KINDS) < 4096:
+        _VALID_KINDS.add(kind)
+    return True
+
+
+_INTEGERS = "seq and producer_sequence must be integers"
+_HEX_DIGITS = "is not 64 lowercase hex digits"
+#: (member, test of (value, the previous hash), reason, message of the value), in the order checked.
+#: A prev_hash equal to the previous event's hash needs no second look (that hash was proven hex).
+_MEMBER_RULES: tuple[tuple[str, Callable[[Any, str], bool], str, Callable[[Any], str]], ...] = (
+    ("schema", lambda v, _: v == EVENT_SCHEMA, "bad_schema", lambda _: f"schema is not {EVENT_SCHEMA}"),
+    ("seq", lambda v, _: type(v) is int, "bad_sequence", lambda _: _INTEGERS),
+    ("producer_sequence", lambda v, _: type(v) is int, "bad_sequence", lambda _: _INTEGERS),
+    ("producer", lambda v, _: type(v) is str and v in _PRODUCER_SET, "bad_producer",
+     lambda v: f"unknown producer {_shown(v)}"),
+    ("kind", lambda v, _: _kind_ok(v), "bad_kind", lambda _: "kind is not a lowercase identifier"),
+    ("wall_time", lambda v, _: type(v) is str and _WALL_TIME.fullmatch(v) is not None, "bad_time",
+     lambda _: "wall_time is not RFC 3339 UTC with microseconds"),
+    ("monotonic", lambda v, _: type(v) is float or type(v) is int, "bad_time", lambda _: "monotonic is not a number"),
+    ("data", lambda v, _: type(v) is dict, "bad_data", lambda _: "data is not an object"),
+    ("prev_hash", lambda v, head: v == head or (type(v) is str and _HEX64.fullmatch(v) is not None), "bad_hash",
+     lambda _: f"prev_hash {_HEX_DIGITS}"),
+    # only its length here: a hash that matches the SHA-256 of the body is hex (_hash_fault names it otherwise)
+    ("hash", lambda v, _: type(v) is str and len(v) == 64, "bad_hash", lambda _: f"hash {_HEX_DIGITS}"),
+)  # fmt: skip
+
+
+def _check_fields(number: int, event: dict[str, Any], head: str = GENESIS) -> None:
+    """Every member's presence and format; ``head`` is the previous event's hash, already checked."""
     if event.keys() != FIELDS:
         missing, extra = sorted(FIELDS - set(event)), sorted(set(event) - FIELDS)
-        _fail("bad_fields", number, f"fields missing {missing} or unexpected {extra}")
-    if event["schema"] != EVENT_SCHEMA:
-        _fail("bad_schema", number, f"schema is not {EVENT_SCHEMA}")
-    if type(event["seq"]) is not int or type(event["producer_sequence"]) is not int:
-        _fail("bad_sequence", number, "seq and producer_sequence must be integers")
-    producer = event["producer"]
-    if type(producer) is not str or producer not in _PRODUCER_SET:
-        _fail("bad_producer", number, f"unknown producer {producer!r}")
-    kind = event["kind"]
-    if type(kind) is not str or kind not in _VALID_KINDS:
-        if not isinstance(kind, str) or not _KIND.fullmatch(kind):
-            _fail("bad_kind", number, "kind is not a lowercase identifier")
-        if len(_VALID_KINDS) < 4096:
-            _VALID_KINDS.add(kind)
-    wall = event["wall_time"]
-    if type(wall) is not str or not _WALL_TIME.fullmatch(wall):
-        _fail("bad_time", number, "wall_time is not RFC 3339 UTC with microseconds")
-    mono = event["monotonic"]
-    if type(mono) is not float and type(mono) is not int:
-        _fail("bad_time", number, "monotonic is not a number")
-    if type(event["data"]) is not dict:
-        _fail("bad_data", number, "data is not an object")
-    prev = event["prev_hash"]
-    if prev != head and (type(prev) is not str or not _HEX64.fullmatch(prev)):
-        _fail("bad_hash", number, "prev_hash is not 64 lowercase hex digits")
-    digest = event["hash"]
-    if type(digest) is not str or len(digest) != 64:
-        _fail("bad_hash", number, "hash is not 64 lowercase hex digits")
+        raise ChainError("bad_fields", number, f"fields missing {missing} or unexpected {_shown(extra)}")
+    for member, test, reason, message in _MEMBER_RULES:
+        value = event[member]
+        if not test(value, head):
+            raise ChainError(reason, number, message(value))
+
+
+def _data_agrees(data: dict[str, Any]) -> bool:
+    """True if orjson writes every float in an event's ``data`` as RFC 8785 does, and no container in
+    it nests deeper than MAX_LINE_DEPTH; the fast path vouches for nothing else (ale.core.canonical
+    explains the floats). Data of strings and integers only, the common case, needs no walk."""
+    for value in data.values():
+        kind = type(value)
+        if kind is not str and kind is not int:
+            return _nested_agrees(data, 2)
+    return True
+
+
+def _nested_agrees(value: Any, level: int) -> bool:
+    """:func:`_data_agrees` for any value at ``level`` (the event itself is level 1)."""
+    low, high = ORJSON_EXPONENT_BAND
+    stack: list[tuple[Any, int]] = [(value, level)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > MAX_LINE_DEPTH:
+            return False
+        for child in item.values() if type(item) is dict else item:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, depth + 1))
+            elif kind is float and (child.is_integer() or low <= abs(child) < high):
+                return False
+    return True
+
+
+def _slow_members(raw: bytes, number: int, head: str) -> tuple[Any, ...]:
+    """The members of a line the fast path could not vouch for, by the reference path (which names the fault)."""
+    event = parse_line(raw, number)
+    _check_fields(number, event, head)
+    return _MEMBERS(event)  # type: ignore[no-any-return]
 
 
 def _hash_fault(number: int, digest: str) -> tuple[int, int, str, str]:
     if not _HEX64.fullmatch(digest):
-        return (number, _RANK_HASH, "bad_hash", "hash is not 64 lowercase hex digits")
+        return (number, _RANK_HASH, "bad_hash", f"hash {_HEX_DIGITS}")
     return (number, _RANK_HASH, "bad_hash", "hash does not match the event's content")
+
+
+def _first_fault(producer: str, kind: str, data: dict[str, Any]) -> str | None:
+    """What is wrong with the stream's first event, if anything."""
+    if producer != "trusted_harness" or kind != "run_started":
+        return "the first event must be trusted_harness run_started"
+    nonce = data.get("nonce")
+    if nonce is not None and not isinstance(nonce, str):
+        return "nonce must be a string or null"
+    return None
 
 
 # -- verification in two phases ------------------------------------------------------------------
@@ -236,13 +327,16 @@ def _hash_fault(number: int, digest: str) -> tuple[int, int, str, str]:
 # producer's first producer_sequence and monotonic time in the chunk), so it reports those and
 # the link phase checks them. The first fault is the one with the smallest (line, rank): exactly
 # the fault a single pass over the whole stream reports, however the stream was cut.
+#
+# The grammar (ale.core.grammar) is checked once the chain holds: each chunk lists its grammar
+# tokens (line, rule code, key): every structural event, and each windowed rule's first event
+# after a structural one; the link phase replays them in order. So a stream with a broken chain
+# is refused for its chain (the first fault by line), one with an intact chain that breaks the
+# grammar for the grammar's first fault, and only then is the nonce compared.
 
 _RANK_LINE, _RANK_SEQ, _RANK_PSEQ, _RANK_LINK, _RANK_HASH, _RANK_TIME, _RANK_FIRST = range(7)
-_PRODUCER_SET = frozenset(PRODUCERS)
-#: an event's members, in the order check_chunk unpacks them
-_MEMBERS = operator.itemgetter(
-    "schema", "seq", "producer", "producer_sequence", "wall_time", "monotonic", "kind", "data", "prev_hash", "hash"
-)
+Fault = tuple[int, int, str, str]
+Token = tuple[int, int, Any]
 
 
 @attrs.frozen
@@ -270,72 +364,108 @@ class ChunkReport:
     run_started: dict[str, Any] | None
     eval_results: dict[str, dict[str, Any]]
     #: the chunk's first fault: (line, rank, reason, message); lines after it were not checked
-    fault: tuple[int, int, str, str] | None
+    fault: Fault | None
+    #: the grammar's tokens, in order: (line, rule code, key)
+    tokens: list[Token] = attrs.Factory(list)
 
 
-def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
-    """Check consecutive complete lines (each ending in a newline) that start at ``first_line``,
-    or somewhere not yet known (None: a chunk cut from a stream still being decompressed)."""
-    if chunk and not chunk.endswith(b"\n"):
-        raise ValueError("a chunk ends at a newline")
-    ascii = chunk.isascii()
-    first_of: dict[str, tuple[int, int, float]] = {}
-    counts: dict[str, tuple[int, float]] = {}
-    kinds: dict[str, int] = {}
-    eval_results: dict[str, dict[str, Any]] = {}
-    run_started: dict[str, Any] | None = None
-    first_prev: str | None = None
-    head = ""
-    first_wall = last_wall = ""
-    fault: tuple[int, int, str, str] | None = None
-    number = 0 if first_line is None else first_line - 1
-    first_seq: int | None = None
-    checked = 0
-    # This loop is the hot path of verification, so the common case is written out in it (locals,
-    # no calls); whatever it cannot vouch for goes to the exact helpers, which name the fault.
-    view, find, rfind, startswith = memoryview(chunk), chunk.find, chunk.rfind, chunk.startswith
-    loads, dumps, orjson_errors = orjson.loads, orjson.dumps, (orjson.JSONDecodeError, orjson.JSONEncodeError)
-    sha256, wall_time_ok, hex64 = hashlib.sha256, _WALL_TIME.fullmatch, _HEX64.fullmatch
-    low, high = ORJSON_EXPONENT_BAND
-    try:
+def _chain_fault(
+    number: int,
+    seq: Any,
+    expected_seq: int,
+    producer: str,
+    sequence: int,
+    expected_sequence: int,
+    linked: bool,
+    digest: str,
+    hashed: bool,
+    first: str | None,
+) -> Fault:
+    """Which of a line's chain checks failed (the first in rank order); the monotonic check is last
+    but one, so it is what is left when the others hold."""
+    if seq != expected_seq:
+        return (number, _RANK_SEQ, "bad_sequence", f"seq is {seq}, expected {expected_seq}")
+    if sequence != expected_sequence:
+        return (
+            number,
+            _RANK_PSEQ,
+            "bad_sequence",
+            f"{producer} producer_sequence is {sequence}, expected {expected_sequence}",
+        )
+    if not linked:
+        return (number, _RANK_LINK, "broken_link", "prev_hash does not match the previous event's hash")
+    if not hashed:
+        return _hash_fault(number, digest)
+    if first is None:
+        return (number, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards")
+    return (number, _RANK_FIRST, "bad_first_event", first)
+
+
+class _Scan:
+    """:func:`check_chunk`'s state: what the lines checked so far established."""
+
+    def __init__(self, first_line: int | None) -> None:
+        self.first_line = first_line
+        self.checked = 0
+        self.first_seq: int | None = None
+        self.first_prev: str | None = None
+        self.head = GENESIS
+        self.first_wall = self.last_wall = ""
+        self.first_of: dict[str, tuple[int, int, float]] = {}
+        self.counts: dict[str, tuple[int, float]] = {}
+        self.kinds: dict[str, int] = {}
+        self.eval_results: dict[str, dict[str, Any]] = {}
+        self.run_started: dict[str, Any] | None = None
+        self.tokens: list[Token] = []
+        self.fault: Fault | None = None
+
+    def report(self) -> ChunkReport:
+        return ChunkReport(
+            self.first_line, self.checked, self.first_seq, self.first_prev, self.head, self.first_of, self.counts,
+            self.kinds, self.first_wall, self.last_wall, self.run_started, self.eval_results, self.fault, self.tokens,
+        )  # fmt: skip
+
+    def lines(self, chunk: bytes) -> None:
+        """Check every line of ``chunk``; stop at the first fault (recorded, or raised as ChainError)."""
+        # This loop is the hot path of verification, so the common case is written out in it (locals,
+        # one boolean expression per step); whatever it cannot vouch for goes to the exact helpers,
+        # which name the fault.
+        view, find, rfind, startswith = memoryview(chunk), chunk.find, chunk.rfind, chunk.startswith
+        loads, dumps, orjson_errors = orjson.loads, orjson.dumps, (orjson.JSONDecodeError, orjson.JSONEncodeError)
+        sha256, wall_time_ok, hex64, non_bmp = hashlib.sha256, _WALL_TIME.fullmatch, _HEX64.fullmatch, NON_BMP.search
+        low, high = ORJSON_EXPONENT_BAND
+        bits, structural = grammar.BITS, self._structural
+        first_line, first_of, counts, kinds, tokens = (
+            self.first_line,
+            self.first_of,
+            self.counts,
+            self.kinds,
+            self.tokens,
+        )
+        number, checked, head, first_seq = 0 if first_line is None else first_line - 1, 0, GENESIS, 0
+        whole_ascii, window, again, wall = chunk.isascii(), 0, b"", ""
+        first_event = 1 if first_line == 1 else 0  # the line number of the stream's first event, if here
         start, size = 0, len(chunk)
         while start < size:
             end = find(b"\n", start)
             number += 1
-            if end - start > MAX_LINE_BYTES:
-                raise ChainError("line_too_long", number, f"line of {end - start} bytes exceeds {MAX_LINE_BYTES}")
-            # The line's form: ale.core.canonical.parse_canonical written out, its float walk narrowed.
-            # Floats can only be in monotonic and data, as the field checks below prove for the rest.
+            # The line's form: ale.core.canonical.parse_canonical written out, its float walk narrowed
+            # to monotonic and data (the member checks below prove the rest holds none).
             event: Any = None
-            members: tuple[Any, ...] | None = None
-            if ascii or not NON_BMP.search(chunk, start, end):
+            if end - start <= MAX_LINE_BYTES and (whole_ascii or not non_bmp(chunk, start, end)):
                 try:
                     event = loads(view[start:end])
                     again = dumps(event, option=ORJSON_OPTIONS)
                 except orjson_errors:
                     event = None
-                else:
-                    if len(again) != end - start or not startswith(again, start) or type(event) is not dict:
-                        event = None
-            if event is not None:
-                if event.keys() == FIELDS:
-                    members = _MEMBERS(event)
-                    monotonic, data = members[5], members[7]
-                else:
-                    monotonic, data = event.get("monotonic"), event.get("data")
-                if type(monotonic) is float and (monotonic.is_integer() or low <= abs(monotonic) < high):
-                    event = None
-                elif type(data) is dict:
-                    for value in data.values():
-                        if type(value) is not str:  # numbers or containers: the general walk
-                            if not floats_agree((data,)):
-                                event = None
-                            break
-                elif not floats_agree((data,)):
-                    event = None
-            if event is None:
-                event = _strict_parse(chunk[start:end], number)
-                members = _MEMBERS(event) if event.keys() == FIELDS else None
+            members = (
+                _MEMBERS(event)
+                if type(event) is dict
+                and event.keys() == FIELDS
+                and len(again) == end - start
+                and startswith(again, start)
+                else None
+            )
             # The members (what _check_fields checks, which names the fault when this cannot vouch).
             if members is None or not (
                 members[0] == EVENT_SCHEMA
@@ -347,81 +477,95 @@ def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
                 and members[6] in _VALID_KINDS
                 and type(members[4]) is str
                 and wall_time_ok(members[4])
-                and (type(members[5]) is float or type(members[5]) is int)
+                and (type(members[5]) is int or (type(members[5]) is float and not (
+                    members[5].is_integer() or low <= abs(members[5]) < high)))
                 and type(members[7]) is dict
                 and type(members[8]) is str
                 and (members[8] == head or hex64(members[8]))
                 and type(members[9]) is str
                 and len(members[9]) == 64
-            ):
-                try:
-                    _check_fields(number, event, head)
-                except ChainError:
-                    _strict_parse(chunk[start:end], number)  # a line out of canonical form is named so first
-                    raise
-                members = _MEMBERS(event)
+                and _data_agrees(members[7])
+            ):  # fmt: skip
+                members = _slow_members(chunk[start:end], number, head)
             _schema, seq, producer, sequence, wall, monotonic, kind, data, prev, digest = members
-            if checked == 0 and first_line is None:
-                first_seq = seq  # where the chunk sits is the link phase's to check
-            elif seq != (number - 1 if first_seq is None else first_seq + checked):
-                expected_seq = number - 1 if first_seq is None else first_seq + checked
-                fault = (number, _RANK_SEQ, "bad_sequence", f"seq is {seq}, expected {expected_seq}")
-                break
             seen = counts.get(producer)
-            if seen is None:
-                first_of[producer] = (number, sequence, monotonic)
-            else:
-                expected = first_of[producer][1] + seen[0]
-                if sequence != expected:
-                    message = f"{producer} producer_sequence is {sequence}, expected {expected}"
-                    fault = (number, _RANK_PSEQ, "bad_sequence", message)
-                    break
-            if checked == 0:
-                first_prev, first_wall = prev, wall
-            elif prev != head:
-                fault = (number, _RANK_LINK, "broken_link", "prev_hash does not match the previous event's hash")
-                break
             # The hash: SHA-256 of the line without its hash member. In canonical key order "hash"
             # follows "data" and precedes "kind", and no member after it can hold the text searched
             # for, so its last occurrence is the member, and cutting it leaves the canonical body.
             cut = rfind(b'"hash":"', start, end)
-            computed = ""
-            if cut >= 0 and startswith(digest.encode(), cut + 8):
-                body = sha256(view[start:cut])
-                body.update(view[cut + 74 : end])  # '"hash":"' + 64 hex digits + '",'
-                computed = body.hexdigest()
-            if computed != digest:
-                fault = _hash_fault(number, digest)
+            body = sha256(view[start:cut])
+            body.update(view[cut + 74 : end])  # '"hash":"' + 64 hex digits + '",'
+            expected_seq = number - 1 if first_line is not None else seq if checked == 0 else first_seq + checked
+            expected_sequence = sequence if seen is None else first_of[producer][1] + seen[0]
+            linked = checked == 0 or prev == head
+            hashed = cut >= 0 and startswith(digest.encode(), cut + 8) and body.hexdigest() == digest
+            first = _first_fault(producer, kind, data) if number == first_event else None
+            # What the link phase checks against the chunks before (recorded even for a line that
+            # fails a later check here: the link phase's fault may rank before it).
+            if checked == 0:
+                self._first(number, seq, prev, wall, data)
+                first_seq = seq
+            if seen is None:
+                first_of[producer] = (number, sequence, monotonic)
+            if not (
+                seq == expected_seq
+                and sequence == expected_sequence
+                and linked
+                and hashed
+                and (seen is None or monotonic >= seen[1])
+                and first is None
+            ):
+                self.fault = _chain_fault(
+                    number, seq, expected_seq, producer, sequence, expected_sequence, linked, digest, hashed, first
+                )
                 break
-            if seen is not None and monotonic < seen[1]:
-                fault = (number, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards")
-                break
-            if number == 1 and first_line == 1:
-                nonce = data.get("nonce")
-                if producer != "trusted_harness" or kind != "run_started":
-                    message = "the first event must be trusted_harness run_started"
-                    fault = (number, _RANK_FIRST, "bad_first_event", message)
-                    break
-                if nonce is not None and not isinstance(nonce, str):
-                    fault = (number, _RANK_FIRST, "bad_first_event", "nonce must be a string or null")
-                    break
-                run_started = data
-            if kind == "eval_result" and producer == "trusted_evaluator":
-                session = data.get("session_id")
-                if isinstance(session, str):
-                    eval_results[session] = data
             counts[producer] = (1 if seen is None else seen[0] + 1, monotonic)
             kinds[kind] = kinds.get(kind, 0) + 1
+            # The grammar's token: every structural event, each windowed rule's first since one.
+            bit = bits[producer].get(kind, 0)
+            if not bit:
+                structural(number, producer, kind, data)
+                window = 0
+            elif not window & bit:
+                window |= bit
+                tokens.append((number, bit.bit_length() - 1, None))  # (bit = 1 << code)
             head = digest
-            last_wall = wall
             checked += 1
             start = end + 1
+        self.head, self.checked = head, checked
+        if checked:
+            self.last_wall = wall
+
+    def _first(self, number: int, seq: int, prev: str, wall: str, data: dict[str, Any]) -> None:
+        """The chunk's first line: what the link phase checks against the chunks before it."""
+        self.first_seq = seq if self.first_line is None else None
+        self.first_prev, self.first_wall = prev, wall
+        if number == 1 and self.first_line == 1:
+            self.run_started = data
+
+    def _structural(self, number: int, producer: str, kind: str, data: dict[str, Any]) -> None:
+        code, key = grammar.classify(producer, kind, data)
+        if code == _EVAL_RESULT:
+            session = data.get("session_id")
+            if isinstance(session, str):
+                self.eval_results[session] = data
+        self.tokens.append((number, code, key))
+
+
+_EVAL_RESULT = grammar.CODES["trusted_evaluator"]["eval_result"]
+
+
+def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
+    """Check consecutive complete lines (each ending in a newline) that start at ``first_line``,
+    or somewhere not yet known (None: a chunk cut from a stream still being decompressed)."""
+    if chunk and not chunk.endswith(b"\n"):
+        raise ValueError("a chunk ends at a newline")
+    scan = _Scan(first_line)
+    try:
+        scan.lines(chunk)
     except ChainError as exc:
-        fault = (exc.line, _RANK_LINE, exc.reason, exc.detail)
-    return ChunkReport(
-        first_line, checked, first_seq, first_prev, head, first_of, counts, kinds, first_wall, last_wall, run_started,
-        eval_results, fault,
-    )  # fmt: skip
+        scan.fault = (exc.line, _RANK_LINE, exc.reason, exc.detail)
+    return scan.report()
 
 
 def split_chunks(stream: bytes, parts: int) -> list[tuple[bytes, int]]:
@@ -442,68 +586,119 @@ def split_chunks(stream: bytes, parts: int) -> list[tuple[bytes, int]]:
     return chunks
 
 
-def link_chunks(
-    reports: list[ChunkReport], *, expected_nonce: str | None = None, check_nonce: bool = False
-) -> ChainSummary:
-    """Phase two: the checks that cross chunk borders, then the summary. Reports in stream order."""
-    head, total = GENESIS, 0
-    per_producer: dict[str, int] = {}
-    last_monotonic: dict[str, float] = {}
-    kinds: dict[str, int] = {}
-    eval_results: dict[str, dict[str, Any]] = {}
-    run_started: dict[str, Any] | None = None
-    first = last = ""
-    for report in reports:
-        offset = 0
-        if report.first_line is None:
-            if total == 0 and (report.lines or report.fault):  # line 1 has checks of its own
-                raise ValueError("the first chunk must be checked as starting at line 1")
-            offset = total
-        elif report.first_line != total + 1:
-            raise ValueError("chunk reports are not consecutive")
+class _Linker:
+    """:func:`link_chunks`'s state: the chain up to the end of the reports added so far."""
+
+    def __init__(self) -> None:
+        self.head, self.total = GENESIS, 0
+        self.per_producer: dict[str, int] = {}
+        self.last_monotonic: dict[str, float] = {}
+        self.kinds: dict[str, int] = {}
+        self.eval_results: dict[str, dict[str, Any]] = {}
+        self.run_started: dict[str, Any] | None = None
+        self.first = self.last = ""
+        self.tokens: list[Token] = []
+
+    def add(self, report: ChunkReport) -> None:
+        """Check the report against what precedes it (raising the first fault), then take it in."""
+        offset = self._offset(report)
         faults = [] if report.fault is None else [(report.fault[0] + offset, *report.fault[1:])]
-        start = total + 1
-        if report.first_line is None and report.first_seq is not None and report.first_seq != total:
-            faults.append((start, _RANK_SEQ, "bad_sequence", f"seq is {report.first_seq}, expected {total}"))
-        if report.first_prev_hash is not None and report.first_prev_hash != head:
-            message = "prev_hash does not match the previous event's hash"
-            faults.append((start, _RANK_LINK, "broken_link", message))
-        for producer, (line, sequence, monotonic) in report.first_of.items():
-            line += offset
-            expected = per_producer.get(producer, 0)
-            if sequence != expected:
-                message = f"{producer} producer_sequence is {sequence}, expected {expected}"
-                faults.append((line, _RANK_PSEQ, "bad_sequence", message))
-            elif producer in last_monotonic and monotonic < last_monotonic[producer]:
-                faults.append((line, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards"))
+        faults += self._border_faults(report, offset)
         if faults:
             line, _rank, reason, message = min(faults, key=lambda f: (f[0], f[1]))
             raise ChainError(reason, line, message)
         if report.lines:
-            head = report.last_hash
-            first = first or report.first_wall_time
-            last = report.last_wall_time
+            self.head = report.last_hash
+            self.first = self.first or report.first_wall_time
+            self.last = report.last_wall_time
         for producer, (count, monotonic) in report.counts.items():
-            per_producer[producer] = per_producer.get(producer, 0) + count
-            last_monotonic[producer] = monotonic
+            self.per_producer[producer] = self.per_producer.get(producer, 0) + count
+            self.last_monotonic[producer] = monotonic
         for kind, count in report.kinds.items():
-            kinds[kind] = kinds.get(kind, 0) + count
-        eval_results.update(report.eval_results)
-        if report.run_started is not None:
-            run_started = report.run_started
-        total += report.lines
-    if total == 0:
-        raise ChainError("empty", 0, "the trajectory has no events")
-    nonce = run_started.get("nonce") if run_started is not None else None
-    if check_nonce and nonce != expected_nonce:
-        raise ChainError("nonce_mismatch", 1, "the first event does not bind the challenge nonce")
-    run_id = run_started.get("run_id") if run_started is not None else None
-    return ChainSummary(
-        head, total, nonce, per_producer, kinds, first, last, run_id if isinstance(run_id, str) else None, eval_results
+            self.kinds[kind] = self.kinds.get(kind, 0) + count
+        self.eval_results.update(report.eval_results)
+        self.run_started = report.run_started if report.run_started is not None else self.run_started
+        self.tokens += [(line + offset, code, key) for line, code, key in report.tokens] if offset else report.tokens
+        self.total += report.lines
+
+    def _offset(self, report: ChunkReport) -> int:
+        if report.first_line is not None:
+            if report.first_line != self.total + 1:
+                raise ValueError("chunk reports are not consecutive")
+            return 0
+        if self.total == 0 and (report.lines or report.fault):  # line 1 has checks of its own
+            raise ValueError("the first chunk must be checked as starting at line 1")
+        return self.total
+
+    def _border_faults(self, report: ChunkReport, offset: int) -> list[Fault]:
+        """The checks a chunk could not make on its own: its first line's seq and prev_hash, and
+        each producer's first producer_sequence and monotonic time in it."""
+        faults: list[Fault] = []
+        start = self.total + 1
+        if report.first_line is None and report.first_seq is not None and report.first_seq != self.total:
+            faults.append((start, _RANK_SEQ, "bad_sequence", f"seq is {report.first_seq}, expected {self.total}"))
+        if report.first_prev_hash is not None and report.first_prev_hash != self.head:
+            faults.append((start, _RANK_LINK, "broken_link", "prev_hash does not match the previous event's hash"))
+        for producer, (line, sequence, monotonic) in report.first_of.items():
+            expected = self.per_producer.get(producer, 0)
+            if sequence != expected:
+                message = f"{producer} producer_sequence is {sequence}, expected {expected}"
+                faults.append((line + offset, _RANK_PSEQ, "bad_sequence", message))
+            elif producer in self.last_monotonic and monotonic < self.last_monotonic[producer]:
+                faults.append((line + offset, _RANK_TIME, "bad_time", f"{producer}'s monotonic time went backwards"))
+        return faults
+
+    def summary(
+        self, *, expected_nonce: str | None, check_nonce: bool, check_grammar: bool, incomplete: bool
+    ) -> ChainSummary:
+        if self.total == 0:
+            raise ChainError("empty", 0, "the trajectory has no events")
+        if check_grammar:
+            fault = grammar.replay(self.tokens, self.total, incomplete=incomplete)
+            if fault is not None:
+                raise ChainError(fault.reason, fault.line, fault.message)
+        started = self.run_started or {}
+        nonce = started.get("nonce")
+        if check_nonce and nonce != expected_nonce:
+            raise ChainError("nonce_mismatch", 1, "the first event does not bind the challenge nonce")
+        run_id = started.get("run_id")
+        return ChainSummary(
+            self.head, self.total, nonce, self.per_producer, self.kinds, self.first, self.last,
+            run_id if isinstance(run_id, str) else None, self.eval_results,
+        )  # fmt: skip
+
+
+def link_chunks(
+    reports: list[ChunkReport],
+    *,
+    expected_nonce: str | None = None,
+    check_nonce: bool = False,
+    check_grammar: bool = True,
+    incomplete: bool = False,
+) -> ChainSummary:
+    """Phase two: the checks that cross chunk borders, the grammar, the nonce, then the summary.
+    Reports in stream order. ``check_grammar=False`` checks the chain only (a test vector, a
+    stream that is not a whole run); ``incomplete=True`` accepts a run that ends with run_failed
+    or run_interrupted (a kept ``.incomplete.jsonl``; a bundle's trajectory ends with run_finished)."""
+    linker = _Linker()
+    for report in reports:
+        linker.add(report)
+    return linker.summary(
+        expected_nonce=expected_nonce, check_nonce=check_nonce, check_grammar=check_grammar, incomplete=incomplete
     )
 
 
-def verify_chain(stream: bytes, *, expected_nonce: str | None = None, check_nonce: bool = False) -> ChainSummary:
-    """Check every line, link and counter of a stream; return its summary or raise ChainError."""
+def verify_chain(
+    stream: bytes,
+    *,
+    expected_nonce: str | None = None,
+    check_nonce: bool = False,
+    check_grammar: bool = True,
+    incomplete: bool = False,
+) -> ChainSummary:
+    """Check every line, link and counter of a stream, and its grammar; return its summary or raise ChainError."""
     reports = [check_chunk(chunk, line) for chunk, line in split_chunks(stream, 1)]
-    return link_chunks(reports, expected_nonce=expected_nonce, check_nonce=check_nonce)
+    return link_chunks(
+        reports, expected_nonce=expected_nonce, check_nonce=check_nonce, check_grammar=check_grammar,
+        incomplete=incomplete,
+    )  # fmt: skip

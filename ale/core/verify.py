@@ -1,157 +1,204 @@
 """The offline half of verification: everything that can be proven from the bundle's bytes.
 
-Steps, in ``architecture.txt``'s order (the site adds the challenge token and persistence):
+The site (``verify/pipeline.py``) and the offline checks (``ale inspect``, ``ale-verify check``:
+:func:`check_files`) run these same functions, in ``architecture.txt``'s order; the site adds
+only what needs its own records (the challenge token, one-time use, persistence):
 
-1. decrypt, bounded decompression, safe tar inspection, allow-list (:func:`ale.core.bundle.unpack`);
-2. parse every JSON file strictly (``schema_invalid``);
-3. verify the trajectory's hash chain and that it binds the challenge nonce (``chain_invalid``);
-4. verify the integrity root: each file's SHA-256, the Merkle root, the chain head (``integrity_mismatch``);
-5. verify benchmark and task versions against the release, and coverage (``unknown_task_version``);
-6. recompute the scores from the evaluator results and compare them with the claimed ones
-   (``score_mismatch``).
+1. decrypt, bounded decompression, safe and canonical tar, allow-list (:func:`ale.core.bundle.unpack`);
+2. every document parses (:func:`ale.core.parse.parse_json`), claims no level (``self_elevation``),
+   is canonical and schema-valid and structures into its model (``schema_invalid``), and
+   task_results.json is self-consistent (``inconsistent_results``): :func:`parse_documents`;
+3. the trajectory's hash chain, and the nonce bound in its first event (``chain_invalid``,
+   ``nonce_mismatch``): :func:`check_chain`;
+4. the integrity root: each file's SHA-256, the Merkle root, the chain head (``integrity_mismatch``),
+   and a runner signature (``bad_signature``, ``unregistered_runner``): :func:`check_integrity`,
+   :func:`check_signature`;
+5. benchmark and task versions against the release, and coverage (``unknown_release``, ...):
+   :func:`check_versions`;
+6. the faithfulness verdicts, then the scores recomputed from the evaluator results and compared
+   with the claimed ones (``inconsistent_results``, ``score_mismatch``): :func:`recompute_scores`.
 
-Each failure is a :class:`VerificationError` with a stable ``reason`` code.
+Each failure is a :class:`VerificationError` with a stable :class:`~ale.core.reasons.Reason`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from ale.core import bundle
 from ale.core.canonical import CanonicalError, canonical_json
+from ale.core.documents import (
+    DOCUMENT_CLASSES,
+    ArtifactsManifest,
+    Faithfulness,
+    Integrity,
+    Manifest,
+    NetworkSummary,
+    ScoreBreakdown,
+    Signature,
+    find_elevation,
+)
 from ale.core.merkle import files_root
-from ale.core.parse import ParseError
+from ale.core.parse import ParseError, converter, parse_json, structure
+from ale.core.reasons import Level, Reason, VerificationError
 from ale.core.release import ReleaseManifest
 from ale.core.results import (
     ResultInconsistency,
     RunScore,
     TaskResults,
-    parse_task_results,
+    check_task_results,
     score_breakdown_document,
     score_run,
 )
+from ale.core.signing import SignatureError, verify_root
 from ale.core.tasks import TaskSpec
 from ale.core.trajectory import ChainError, ChainSummary, ChunkReport, link_chunks, verify_chain
 
-MAX_EVENTS_BYTES = 256 * 1024 * 1024
+__all__ = ["Reason", "VerificationError"]  # re-exported: callers catch them from here
 
-
-class VerificationError(ValueError):
-    """A bundle that fails a check; ``reason`` is stable (stored and returned by the verifier)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+MAX_EVENTS_BYTES = 256 * bundle.MiB
+MAX_DOCUMENT_BYTES = 32 * bundle.MiB  # one JSON document (task_results.json is the largest)
+T = TypeVar("T")
 
 
 @attrs.frozen
-class Report:
-    manifest: dict[str, Any]
-    results: TaskResults
-    chain: ChainSummary
-    recomputed: RunScore
-    claimed: dict[str, Any]
-    faithfulness: dict[str, Any]
-    integrity: dict[str, Any]
-    network: dict[str, Any]
-    artifacts: dict[str, Any]
+class RunnerKey:
+    """A registered, active runner key, as the site (or an operator's command line) knows it."""
+
+    key_id: str
+    public_key: str  # base64 of the raw 32 bytes, as integrity.json writes it
+    kind: str = "given"
+    label: str = ""
 
 
-def _object(files: Mapping[str, bytes], name: str, schema: str | None) -> dict[str, Any]:
-    try:
-        value = json.loads(files[name])
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-        raise VerificationError("schema_invalid", f"{name} is not valid JSON") from None
-    if not isinstance(value, dict) or (schema is not None and value.get("schema") != schema):
-        raise VerificationError("schema_invalid", f"{name} is not a {schema or 'JSON object'} document")
-    return value
-
-
-def _events(raw: bytes, on_block: Callable[[bytes], None] | None = None) -> bytes:
-    """Decompress the trajectory, refusing it as soon as it grows past its limit."""
-    try:
-        limits = bundle.Limits(max_decompressed=MAX_EVENTS_BYTES)
-        return bundle.decompress(raw, limits, on_block, keep=on_block is None)
-    except bundle.BundleError as exc:
-        reason = "too_large" if exc.reason == "decompressed_too_large" else "schema_invalid"
-        raise VerificationError(reason, f"events.jsonl.zst: {exc}") from None
-
-
-def _close(a: Any, b: Any) -> bool:
-    """Structural equality with floats compared to 1e-9 relative; booleans never equal numbers."""
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(a, float) or isinstance(b, float):
-        return (
-            isinstance(a, (int, float))
-            and isinstance(b, (int, float))
-            and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
-        )
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
-    return type(a) is type(b) and bool(a == b)
+#: Looks up an active runner key by key id; None when there is none.
+KeyLookup = Callable[[str], RunnerKey | None]
+Validator = Callable[[str, Any], None]
 
 
 @attrs.frozen
 class Documents:
-    """Step 2's output: every file parsed."""
+    """Step 2's output: every file parsed into its model."""
 
-    manifest: dict[str, Any]
+    manifest: Manifest
     results: TaskResults
-    claimed: dict[str, Any]
-    faithfulness: dict[str, Any]
-    network: dict[str, Any]
-    artifacts: dict[str, Any]
-    integrity: dict[str, Any]
+    claimed: ScoreBreakdown
+    faithfulness: Faithfulness
+    network: NetworkSummary
+    artifacts: ArtifactsManifest
+    integrity: Integrity
     events: bytes
 
 
-Validator = Callable[[str, Any], None]
+@attrs.frozen
+class Report:
+    """What the offline checks proved, and what they could not check."""
+
+    docs: Documents
+    chain: ChainSummary
+    root: str
+    recomputed: RunScore
+    runner: RunnerKey | None  # the registered key that signed it (None: unsigned, or not looked up)
+    registration_checked: bool  # whether runner keys were given to look the signature's key up in
+    not_checked: tuple[str, ...]
+
+    @property
+    def manifest(self) -> Manifest:
+        return self.docs.manifest
+
+    @property
+    def results(self) -> TaskResults:
+        return self.docs.results
+
+    @property
+    def claimed(self) -> ScoreBreakdown:
+        return self.docs.claimed
+
+
+def plain(value: Any) -> Any:
+    """A model as the JSON value it was parsed from (canonical numbers: 1.0 is 1)."""
+    return parse_json(canonical_json(converter.unstructure(value)), what="a model", max_bytes=MAX_DOCUMENT_BYTES)
+
+
+# -- step 2: the documents --------------------------------------------------------------------
+
+
+def _parse(files: Mapping[str, bytes], name: str) -> Any:
+    try:
+        return parse_json(files[name], what=name, max_bytes=MAX_DOCUMENT_BYTES)
+    except ParseError as exc:
+        raise VerificationError(Reason.SCHEMA_INVALID, str(exc)) from None
+
+
+def _check_form(name: str, raw: bytes, document: Any, validate: Validator | None) -> None:
+    try:
+        canonical = canonical_json(document) + b"\n"
+    except CanonicalError as exc:
+        raise VerificationError(Reason.SCHEMA_INVALID, f"{name}: {exc}") from None
+    if canonical != raw:
+        raise VerificationError(Reason.SCHEMA_INVALID, f"{name} is not in canonical form (RFC 8785 and a newline)")
+    if validate is not None:
+        try:
+            validate(name, document)
+        except ValueError as exc:
+            raise VerificationError(Reason.SCHEMA_INVALID, str(exc)) from None
+
+
+def _model(document: Any, cls: type[T], name: str) -> T:
+    try:
+        return structure(document, cls, what=name)
+    except ParseError as exc:
+        raise VerificationError(Reason.SCHEMA_INVALID, str(exc)) from None
+
+
+def _events(raw: bytes, on_block: Callable[[bytes], None] | None = None) -> bytes:
+    """Decompress the trajectory (one zstd frame), refusing it as soon as it grows past its limit."""
+    try:
+        return bundle.decompress(raw, bundle.Limits(max_decompressed=MAX_EVENTS_BYTES), on_block, keep=on_block is None)
+    except bundle.BundleError as exc:
+        raise VerificationError(exc.reason, f"events.jsonl.zst: {exc}") from None
 
 
 def parse_documents(
     files: Mapping[str, bytes], validate: Validator | None = None, on_events: Callable[[bytes], None] | None = None
 ) -> Documents:
-    """Step 2: every JSON file parses, is canonical (RFC 8785 plus a newline), and is the document it
-    claims to be; with ``validate(file_name, document)`` (the published JSON Schemas) strictly so.
-    ``on_events`` takes the trajectory's blocks as they are decompressed, instead of ``events``
-    (which is then empty; see :func:`check_chain`)."""
-    for name, data in files.items():
-        if name.endswith(".json"):
-            doc = _object(files, name, None)
-            try:
-                canonical = canonical_json(doc) + b"\n"
-            except CanonicalError as exc:
-                raise VerificationError("schema_invalid", f"{name}: {exc}") from None
-            if canonical != data:
-                raise VerificationError("schema_invalid", f"{name} is not in canonical form (RFC 8785 and a newline)")
-            if validate is not None:
-                try:
-                    validate(name, doc)
-                except ValueError as exc:
-                    raise VerificationError("schema_invalid", str(exc)) from None
-    manifest = _object(files, "manifest.json", "ale-bundle-manifest/v1")
-    claimed = _object(files, "score_breakdown.json", "ale-score-breakdown/v1")
-    faithfulness = _object(files, "faithfulness.json", "ale-faithfulness/v1")
-    network = _object(files, "network_summary.json", "ale-network-summary/v1")
-    artifacts = _object(files, "artifacts_manifest.json", "ale-artifacts-manifest/v1")
-    integrity = _object(files, "integrity.json", "ale-bundle-integrity/v1")
+    """Step 2: every JSON file parses and claims no level; then each is canonical (RFC 8785 plus
+    a newline), valid against its published JSON Schema (with ``validate(file_name, document)``)
+    and structured into its model. ``on_events`` takes the trajectory's blocks as they are
+    decompressed, instead of ``events`` (which is then empty; see :func:`check_chain`)."""
+    names = sorted(n for n in files if n.endswith(".json"))
+    parsed = {name: _parse(files, name) for name in names}
+    for name in names:  # a level claim is named for what it is before any other fault of the documents
+        where = find_elevation(parsed[name])
+        if where is not None:
+            raise VerificationError(
+                Reason.SELF_ELEVATION, f"{name} carries {where!r}: verification levels are assigned by the verifier"
+            )
+    for name in names:
+        _check_form(name, files[name], parsed[name], validate)
+    models: dict[str, Any] = {name: _model(parsed[name], cls, name) for name, cls in DOCUMENT_CLASSES.items()}
     try:
-        results = parse_task_results(files["task_results.json"])
-    except ParseError as exc:
-        raise VerificationError("schema_invalid", str(exc)) from None
+        results = check_task_results(_model(parsed["task_results.json"], TaskResults, "task_results.json"))
     except ResultInconsistency as exc:
-        raise VerificationError("inconsistent_results", str(exc)) from None
-    return Documents(manifest, results, claimed, faithfulness, network, artifacts, integrity,
-                     _events(files["events.jsonl.zst"], on_events))  # fmt: skip
+        raise VerificationError(Reason.INCONSISTENT_RESULTS, str(exc)) from None
+    return Documents(
+        manifest=models["manifest.json"],
+        results=results,
+        claimed=models["score_breakdown.json"],
+        faithfulness=models["faithfulness.json"],
+        network=models["network_summary.json"],
+        artifacts=models["artifacts_manifest.json"],
+        integrity=models["integrity.json"],
+        events=_events(files["events.jsonl.zst"], on_events),
+    )
+
+
+# -- steps 3 and 4: chain, integrity, signature -----------------------------------------------
 
 
 def check_chain(
@@ -174,9 +221,8 @@ def check_chain(
             return verify_chain(checked, expected_nonce=expected_nonce, check_nonce=check_nonce)
         return link_chunks(checked, expected_nonce=expected_nonce, check_nonce=check_nonce)
     except ChainError as exc:
-        raise VerificationError(
-            "nonce_mismatch" if exc.reason == "nonce_mismatch" else "chain_invalid", f"trajectory: {exc} ({exc.reason})"
-        ) from None
+        reason = Reason.NONCE_MISMATCH if exc.reason == "nonce_mismatch" else Reason.CHAIN_INVALID
+        raise VerificationError(reason, f"trajectory: {exc} ({exc.reason})") from None
 
 
 def file_digests(files: Mapping[str, bytes]) -> dict[str, str]:
@@ -191,37 +237,144 @@ def check_integrity(
     ``digests`` are :func:`file_digests` of ``files`` when the caller computed them already."""
     digests = dict(file_digests(files) if digests is None else digests)
     integrity = docs.integrity
-    if integrity.get("files") != digests:
-        raise VerificationError("integrity_mismatch", "a file's SHA-256 differs from integrity.json")
+    if integrity.files != digests:
+        raise VerificationError(Reason.INTEGRITY_MISMATCH, "a file's SHA-256 differs from integrity.json")
     root = files_root(digests)
-    if integrity.get("merkle_root") != root:
-        raise VerificationError("integrity_mismatch", "the Merkle root differs from integrity.json")
-    if integrity.get("chain_head") != chain.head:
-        raise VerificationError("integrity_mismatch", "the trajectory's chain head differs from integrity.json")
-    trajectory = docs.manifest.get("trajectory") or {}
-    if trajectory.get("chain_head") != chain.head or trajectory.get("events") != chain.events:
-        raise VerificationError("integrity_mismatch", "the manifest's trajectory summary differs from the trajectory")
+    if integrity.merkle_root != root:
+        raise VerificationError(Reason.INTEGRITY_MISMATCH, "the Merkle root differs from integrity.json")
+    if integrity.chain_head != chain.head:
+        raise VerificationError(Reason.INTEGRITY_MISMATCH, "the trajectory's chain head differs from integrity.json")
+    summary = docs.manifest.trajectory
+    if (summary.chain_head, summary.events) != (chain.head, chain.events):
+        raise VerificationError(
+            Reason.INTEGRITY_MISMATCH, "the manifest's trajectory summary differs from the trajectory"
+        )
     check_results_in_trajectory(docs, chain)
     return root
+
+
+def check_signature(docs: Documents, root: str, lookup: KeyLookup | None) -> tuple[Signature | None, RunnerKey | None]:
+    """A runner signature over the root, if any: it must verify (``bad_signature``: no key is
+    needed for that, the block carries its public key) and, with ``lookup``, name a registered,
+    active runner key with that public key (``unregistered_runner``). Without ``lookup`` the
+    registration is not checked, and the runner is None."""
+    signature = docs.integrity.signature
+    if signature is None:
+        return None, None
+    try:
+        key_id = verify_root(converter.unstructure(signature), root)
+    except SignatureError as exc:
+        raise VerificationError(Reason.BAD_SIGNATURE, str(exc)) from None
+    if lookup is None:
+        return signature, None
+    key = lookup(key_id)
+    if key is None or key.public_key != signature.public_key:
+        raise VerificationError(
+            Reason.UNREGISTERED_RUNNER, "the bundle is signed by a key that is not a registered runner"
+        )
+    return signature, key
 
 
 def check_results_in_trajectory(docs: Documents, chain: ChainSummary) -> None:
     """The results belong to the recorded run: the run id of the trajectory's first event, and for
     every completed task the evaluator's own ``eval_result`` event with the same numbers."""
-    if chain.run_id is None or chain.run_id != docs.manifest.get("run_id") or chain.run_id != docs.results.run_id:
-        raise VerificationError("inconsistent_results", "the results do not belong to the run the trajectory records")
+    if chain.run_id is None or chain.run_id != docs.manifest.run_id or chain.run_id != docs.results.run_id:
+        raise VerificationError(
+            Reason.INCONSISTENT_RESULTS, "the results do not belong to the run the trajectory records"
+        )
     for t in docs.results.tasks:
         r = t.result
         if t.status != "completed" or r is None:
             continue
         seen = chain.eval_results.get(r.session_id)
         if seen is None:
-            raise VerificationError("inconsistent_results", f"{t.task}: the trajectory has no evaluator result for it")
+            raise VerificationError(
+                Reason.INCONSISTENT_RESULTS, f"{t.task}: the trajectory has no evaluator result for it"
+            )
         recorded = (seen.get("complete"), seen.get("headline_value"), seen.get("passed_episodes"))
         if recorded != (r.complete, r.headline_value, r.passed_episodes):
             raise VerificationError(
-                "inconsistent_results", f"{t.task}: the result differs from what the evaluator logged"
+                Reason.INCONSISTENT_RESULTS, f"{t.task}: the result differs from what the evaluator logged"
             )
+
+
+# -- step 5: versions -------------------------------------------------------------------------
+
+
+def _find_release(docs: Documents, release_for: Callable[[str], tuple[ReleaseManifest, str] | None]) -> ReleaseManifest:
+    ref = docs.manifest.release
+    found = release_for(ref.manifest_sha256)
+    if found is None:
+        raise VerificationError(Reason.UNKNOWN_RELEASE, f"unknown release manifest {ref.manifest_sha256!r}")
+    release, _ = found
+    if ref.required_task_set_hash != release.required_task_set_hash:
+        raise VerificationError(Reason.UNKNOWN_RELEASE, "the manifest's required task set hash is not the release's")
+    return release
+
+
+def _check_manifest_tasks(
+    docs: Documents, release: ReleaseManifest, known_tasks: Mapping[str, tuple[TaskSpec, str]]
+) -> None:
+    by_ref = {t.task: t for t in docs.results.tasks}
+    for task in docs.manifest.tasks:
+        ref = task.ref
+        known = known_tasks.get(ref)
+        if known is None or known[1] != task.digest:
+            raise VerificationError(Reason.UNKNOWN_TASK_VERSION, f"{ref} (digest {task.digest}) is not a known task")
+        spec = known[0]
+        if (task.genre, task.mode, task.official_episodes) != (spec.genre, spec.mode, spec.official_episodes):
+            raise VerificationError(Reason.TASK_MISMATCH, f"{ref}: the manifest misstates its genre, mode or episodes")
+        if ref not in release.tasks:
+            raise VerificationError(Reason.UNKNOWN_TASK_VERSION, f"{ref} is not part of release {release.release}")
+        result = by_ref[ref].result if ref in by_ref else None
+        if result is not None and task.episodes_run != result.num_episodes:
+            raise VerificationError(
+                Reason.INCONSISTENT_RESULTS, f"{ref}: the manifest's episode count is not the result's"
+            )
+    if sorted(t.ref for t in docs.manifest.tasks) != sorted(by_ref):
+        raise VerificationError(Reason.INCONSISTENT_RESULTS, "the manifest and task_results.json list different tasks")
+
+
+def _check_result_tasks(
+    docs: Documents, release: ReleaseManifest, known_tasks: Mapping[str, tuple[TaskSpec, str]]
+) -> None:
+    results = docs.results
+    official_counts = docs.manifest.run.official_episode_counts
+    for t in results.tasks:
+        known = known_tasks.get(t.task)
+        if known is None or t.task not in release.tasks:
+            raise VerificationError(Reason.UNKNOWN_TASK_VERSION, f"{t.task} is not part of release {release.release}")
+        spec, digest = known
+        if (t.genre, t.mode, t.official_episodes) != (spec.genre, spec.mode, spec.official_episodes):
+            raise VerificationError(
+                Reason.TASK_MISMATCH, f"{t.task}: task_results.json misstates its genre, mode or episodes"
+            )
+        r = t.result
+        if r is None:
+            continue
+        if r.task_digest != digest:
+            raise VerificationError(
+                Reason.UNKNOWN_TASK_VERSION, f"{t.task}: the evaluator ran a different task definition"
+            )
+        if r.run_id != results.run_id:
+            raise VerificationError(
+                Reason.INCONSISTENT_RESULTS, f"{t.task}: the evaluator result belongs to another run"
+            )
+        if (r.mode, r.headline_metric, r.headline_direction) != (
+            spec.mode,
+            spec.headline.metric,
+            spec.headline.direction,
+        ):
+            raise VerificationError(
+                Reason.TASK_MISMATCH, f"{t.task}: the result's mode or headline metric is not the task's"
+            )
+        if {s.name for s in r.safety} != set(spec.safety_metrics):
+            raise VerificationError(Reason.TASK_MISMATCH, f"{t.task}: the result's safety metrics are not the task's")
+        if official_counts and r.num_episodes != spec.official_episodes:
+            raise VerificationError(
+                Reason.TASK_MISMATCH, f"{t.task}: {r.num_episodes} episodes, but the task's official count is "
+                f"{spec.official_episodes} and the run claims official counts"
+            )  # fmt: skip
 
 
 def check_versions(
@@ -233,89 +386,101 @@ def check_versions(
     """Benchmark and task versions: a known release, known task definitions (by digest), and every
     property the score depends on (genre, mode, metric, direction, episode count) taken from the
     task definition, never from the bundle's word."""
-    release_info = docs.manifest.get("release") or {}
-    found = release_for(str(release_info.get("manifest_sha256")))
-    if found is None:
-        raise VerificationError("unknown_release", f"unknown release manifest {release_info.get('manifest_sha256')!r}")
-    release, _ = found
-    if release_info.get("required_task_set_hash") != release.required_task_set_hash:
-        raise VerificationError("unknown_release", "the manifest's required task set hash is not the release's")
-    results = docs.results
-    by_ref = {t.task: t for t in results.tasks}
-    if results.run_id != docs.manifest.get("run_id"):
-        raise VerificationError("inconsistent_results", "task_results.json belongs to another run")
-    official_counts = bool((docs.manifest.get("run") or {}).get("official_episode_counts"))
-    listed = []
-    for task in docs.manifest.get("tasks") or []:
-        ref = f"{task.get('id')}@{task.get('version')}"
-        listed.append(ref)
-        known = known_tasks.get(ref)
-        if known is None or known[1] != task.get("digest"):
-            raise VerificationError("unknown_task_version", f"{ref} (digest {task.get('digest')}) is not a known task")
-        spec = known[0]
-        if (task.get("genre"), task.get("mode"), task.get("official_episodes")) != (
-            spec.genre,
-            spec.mode,
-            spec.official_episodes,
-        ):
-            raise VerificationError("task_mismatch", f"{ref}: the manifest misstates its genre, mode or episodes")
-        if ref not in release.tasks:
-            raise VerificationError("unknown_task_version", f"{ref} is not part of release {release.release}")
-        result = by_ref[ref].result if ref in by_ref else None
-        if result is not None and task.get("episodes_run") != result.num_episodes:
-            raise VerificationError("inconsistent_results", f"{ref}: the manifest's episode count is not the result's")
-    if sorted(listed) != sorted(t.task for t in results.tasks):
-        raise VerificationError("inconsistent_results", "the manifest and task_results.json list different tasks")
-    for t in results.tasks:
-        known = known_tasks.get(t.task)
-        if known is None or t.task not in release.tasks:
-            raise VerificationError("unknown_task_version", f"{t.task} is not part of release {release.release}")
-        spec, digest = known
-        if (t.genre, t.mode, t.official_episodes) != (spec.genre, spec.mode, spec.official_episodes):
-            raise VerificationError(
-                "task_mismatch", f"{t.task}: task_results.json misstates its genre, mode or episodes"
-            )
-        r = t.result
-        if r is None:
-            continue
-        if r.task_digest != digest:
-            raise VerificationError("unknown_task_version", f"{t.task}: the evaluator ran a different task definition")
-        if r.run_id != results.run_id:
-            raise VerificationError("inconsistent_results", f"{t.task}: the evaluator result belongs to another run")
-        if (r.mode, r.headline_metric, r.headline_direction) != (
-            spec.mode,
-            spec.headline.metric,
-            spec.headline.direction,
-        ):
-            raise VerificationError(
-                "task_mismatch", f"{t.task}: the result's mode or headline metric is not the task's"
-            )
-        if {s.name for s in r.safety} != set(spec.safety_metrics):
-            raise VerificationError("task_mismatch", f"{t.task}: the result's safety metrics are not the task's")
-        if official_counts and r.num_episodes != spec.official_episodes:
-            raise VerificationError(
-                "task_mismatch", f"{t.task}: {r.num_episodes} episodes, but the task's official count is "
-                f"{spec.official_episodes} and the run claims official counts"
-            )  # fmt: skip
+    release = _find_release(docs, release_for)
+    if docs.results.run_id != docs.manifest.run_id:
+        raise VerificationError(Reason.INCONSISTENT_RESULTS, "task_results.json belongs to another run")
+    _check_manifest_tasks(docs, release, known_tasks)
+    _check_result_tasks(docs, release, known_tasks)
     return release
+
+
+# -- step 6: faithfulness and scores ----------------------------------------------------------
+
+
+def faithfulness_verdicts(docs: Documents) -> dict[str, bool | None]:
+    """The verdicts the scores may use, after refusing what no honest run states (``inconsistent_results``):
+
+    * exactly one entry per task of the run;
+    * an open-genre task has no gate, so its verdict is null (a non-null one is refused: a
+      bundle's word about a gate that does not exist is not a verdict);
+    * a ``true`` verdict names its judge.
+
+    Genres are the task definitions' (check_versions has held task_results.json to them)."""
+    entries = docs.faithfulness.tasks
+    genres = {t.task: t.genre for t in docs.results.tasks}
+    if set(entries) != set(genres):
+        raise VerificationError(Reason.INCONSISTENT_RESULTS, "faithfulness.json does not list exactly the run's tasks")
+    for ref, entry in sorted(entries.items()):
+        if genres[ref] == "open" and entry.verdict is not None:
+            raise VerificationError(
+                Reason.INCONSISTENT_RESULTS,
+                f"{ref}: an open-genre task has no faithfulness gate, so its verdict must be null",
+            )
+        if entry.verdict is True and not entry.judge:
+            raise VerificationError(Reason.INCONSISTENT_RESULTS, f"{ref}: a faithful verdict without a judge")
+    return {ref: entry.verdict for ref, entry in entries.items()}
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Structural equality with floats compared to 1e-9 relative; booleans never equal numbers."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, float) or isinstance(b, float):
+        return (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and bool(a == b)
 
 
 def recompute_scores(docs: Documents, release: ReleaseManifest) -> RunScore:
     """Recompute the scores from the evaluator results and compare them with the claimed ones."""
-    verdicts: dict[str, bool | None] = {}
-    for ref, v in (docs.faithfulness.get("tasks") or {}).items():
-        if not isinstance(v, dict):
-            continue
-        verdict = v.get("verdict")
-        if verdict is True and not v.get("judge"):
-            raise VerificationError("inconsistent_results", f"{ref}: a faithful verdict without a judge")
-        verdicts[ref] = verdict if isinstance(verdict, bool) else None
-    recomputed = score_run(docs.results, release, verdicts)
-    if not _close(json.loads(canonical_json(score_breakdown_document(recomputed, release))), docs.claimed):
+    recomputed = score_run(docs.results, release, faithfulness_verdicts(docs))
+    document = parse_json(canonical_json(score_breakdown_document(recomputed, release)), what="the recomputed scores")
+    if not _close(document, plain(docs.claimed)):
         raise VerificationError(
-            "score_mismatch", "the claimed scores differ from the scores recomputed from the results"
+            Reason.SCORE_MISMATCH, "the claimed scores differ from the scores recomputed from the results"
         )
     return recomputed
+
+
+# -- the level --------------------------------------------------------------------------------
+
+
+def level_for(*, challenged: bool, official_episode_counts: bool, runner: bool) -> tuple[Level, list[dict[str, str]]]:
+    """The level the backend can prove of an accepted bundle, with notes on what kept it lower:
+    ``self_reported`` without a (valid, one-time) challenge or with overridden episode counts,
+    else ``officially_verified`` when a registered runner signed it, else ``validated``."""
+    notes = []
+    if not challenged:
+        notes.append({"reason": Reason.NO_CHALLENGE, "message": "the run had no challenge: freshness cannot be proven"})
+    if not official_episode_counts:
+        notes.append({"reason": Reason.UNOFFICIAL_EPISODES, "message": "the run overrode the official episode counts"})
+    if notes:
+        return Level.SELF_REPORTED, notes
+    return (Level.OFFICIALLY_VERIFIED if runner else Level.VALIDATED), notes
+
+
+# -- offline ----------------------------------------------------------------------------------
+
+
+def not_checked_offline(docs: Documents, *, keys_given: bool) -> tuple[str, ...]:
+    """What :func:`check_files` cannot prove without the site's own records."""
+    missing = []
+    if docs.manifest.challenge is None:
+        missing.append("challenge: the run has none, so a site ranks it at most self_reported")
+    else:
+        missing.append(
+            "challenge token: that the site issued it (its HMAC key), to this user, unexpired, and never used before"
+        )
+    if docs.integrity.signature is not None and not keys_given:
+        missing.append("runner registration: the signature verifies, but no runner public keys were given")
+    return tuple(missing)
 
 
 def check_files(
@@ -324,27 +489,29 @@ def check_files(
     release_for: Callable[[str], tuple[ReleaseManifest, str] | None],
     known_tasks: Mapping[str, tuple[TaskSpec, str]],
     validate: Validator | None = None,
-    expected_nonce: str | None = None,
-    check_nonce: bool = False,
+    runner_keys: KeyLookup | None = None,
 ) -> Report:
-    """Steps 2 to 6 over the unpacked files, for offline use (``ale inspect``, ``ale-verify check``).
+    """Steps 2 to 6 over the unpacked files, as the site runs them, for offline use (``ale
+    inspect``, ``ale-verify check``): all but the challenge token's own checks, which need the
+    site's records (the report's ``not_checked`` says so). The nonce in the manifest must be the
+    one bound in the trajectory; the signature must verify, and with ``runner_keys`` name one of
+    those keys.
 
     ``release_for(sha256)`` returns the release manifest with that hash (or None when unknown);
     ``known_tasks`` maps ``id@version`` to the task definition and digest this verifier knows;
     ``validate`` checks a document against its published JSON Schema.
     """
     docs = parse_documents(files, validate)
-    chain = check_chain(docs, expected_nonce=expected_nonce, check_nonce=check_nonce)
-    check_integrity(files, docs, chain)
+    challenge = docs.manifest.challenge
+    chain = check_chain(docs, expected_nonce=challenge.nonce if challenge else None, check_nonce=challenge is not None)
+    root = check_integrity(files, docs, chain)
+    _, runner = check_signature(docs, root, runner_keys)
     release = check_versions(docs, release_for=release_for, known_tasks=known_tasks)
     recomputed = recompute_scores(docs, release)
-    return Report(docs.manifest, docs.results, chain, recomputed, docs.claimed, docs.faithfulness, docs.integrity,
-                  docs.network, docs.artifacts)  # fmt: skip
+    keys_given = runner_keys is not None
+    return Report(docs, chain, root, recomputed, runner, keys_given, not_checked_offline(docs, keys_given=keys_given))
 
 
 def unpack(ciphertext: bytes, identity: str, limits: bundle.Limits | None = None) -> dict[str, bytes]:
-    """Step 1, with bundle errors as VerificationError (same reason codes)."""
-    try:
-        return bundle.unpack(ciphertext, identity, limits)
-    except bundle.BundleError as exc:
-        raise VerificationError(exc.reason, str(exc)) from None
+    """Step 1 (its errors are VerificationErrors: BundleError is one)."""
+    return bundle.unpack(ciphertext, identity, limits)

@@ -1,7 +1,10 @@
 """Assemble the submission bundle from a finished run: the eight allow-listed files, encrypted.
 
-Scores are computed here with the pure core (:func:`ale.core.results.score_run`) from the very
-``task_results.json`` bytes that go into the bundle, so the verifier re-runs exactly this code.
+The documents are what ``ale.core.documents`` parses (and ``ale/schemas/`` publishes); the
+container is ``ale.core.bundle.pack``, whose tar :func:`ale.core.bundle.inspect_tar` accepts
+only in exactly that layout. Scores are computed here with the pure core
+(:func:`ale.core.results.score_run`) from the very ``task_results.json`` bytes that go into the
+bundle, so the verifier re-runs exactly this code.
 """
 
 from __future__ import annotations
@@ -16,17 +19,14 @@ import zstandard
 from ale import __version__
 from ale.core import bundle
 from ale.core.canonical import canonical_json
+from ale.core.documents import ARTIFACTS_SCHEMA, FAITHFULNESS_SCHEMA, INTEGRITY_SCHEMA, MANIFEST_SCHEMA, NETWORK_SCHEMA
 from ale.core.merkle import files_root
 from ale.core.results import RunScore, parse_task_results, score_breakdown_document, score_run
 from ale.core.signing import sign_root
 from ale.core.trajectory import EVENT_SCHEMA, format_wall_time
 from ale.runner.harness import RunRecord, task_results_json
 
-MANIFEST_SCHEMA = "ale-bundle-manifest/v1"
-FAITHFULNESS_SCHEMA = "ale-faithfulness/v1"
-NETWORK_SCHEMA = "ale-network-summary/v1"
-ARTIFACTS_SCHEMA = "ale-artifacts-manifest/v1"
-INTEGRITY_SCHEMA = "ale-bundle-integrity/v1"
+__all__ = ["ARTIFACTS_SCHEMA", "FAITHFULNESS_SCHEMA", "INTEGRITY_SCHEMA", "MANIFEST_SCHEMA", "NETWORK_SCHEMA"]
 NO_JUDGE = "no faithfulness judge is configured: a reproduction task without a verdict is unfaithful (final 0)"
 
 

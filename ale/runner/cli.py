@@ -8,12 +8,16 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from ale import __version__, catalog
 from ale.runner import agent_env
 from ale.runner.harness import AgentSpec
+
+if TYPE_CHECKING:
+    from ale.core.release import ReleaseManifest
 
 BUNDLED_AGENTS = {
     "demo": "ale.agents.demo",
@@ -46,7 +50,7 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
     )
 
 
-def _release(args: argparse.Namespace):
+def _release(args: argparse.Namespace) -> tuple[ReleaseManifest, str, str]:
     from ale.core.parse import ParseError
     from ale.core.release import parse_release
 
@@ -110,6 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ale.runner.harness import Harness, RunError, RunInterrupted, RunOptions
     from ale.runner.local import LocalRuntime
     from ale.runner.progress import LiveProgress, PlainProgress
+    from ale.runner.runtime import RuntimeUnavailable
 
     manifest, digest, name = _release(args)
     tasks = list(args.tasks)
@@ -179,6 +184,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         progress.close()
         print(f"ale: run failed, no bundle was written: {exc}", file=sys.stderr)
         return 1
+    except RuntimeUnavailable as exc:
+        progress.close()
+        print(f"ale: error: the agent's sandbox cannot run on this machine: {exc}", file=sys.stderr)
+        return 2
     try:
         progress.phase("run", "bundle", "scoring and encrypting")
         if site_recipient is not None:
@@ -248,7 +257,7 @@ def cmd_runner_key(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from ale.runner.inspect import inspect_bundle
 
-    return inspect_bundle(Path(args.bundle), Path(args.identity), as_json=args.json)
+    return inspect_bundle(Path(args.bundle), Path(args.identity), as_json=args.json, runner_keys=args.runner_public_key)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,9 +303,17 @@ def build_parser() -> argparse.ArgumentParser:
     runner_key.add_argument("path", help="where to write the private key (PEM, mode 0600)")
     runner_key.set_defaults(func=cmd_runner_key)
 
-    inspect = sub.add_parser("inspect", help="decrypt a bundle and show what it holds")
+    inspect = sub.add_parser("inspect", help="decrypt a bundle, run the site's checks offline, show what it holds")
     inspect.add_argument("bundle", help="the .ale bundle")
     inspect.add_argument("--identity", required=True, help="age identity file (AGE-SECRET-KEY-1...)")
+    inspect.add_argument(
+        "--runner-public-key",
+        action="append",
+        default=[],
+        metavar="BASE64",
+        help="a registered runner's public key (as `ale runner-key` prints it; repeatable): a signature must "
+        "name one of them. Without any, a signature is verified but its registration is not checked",
+    )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(func=cmd_inspect)
     return parser

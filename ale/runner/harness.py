@@ -14,8 +14,10 @@ Ctrl-C or SIGTERM stops the agent and the evaluator, flushes the trajectory mark
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import math
 import os
 import secrets
 import shutil
@@ -23,7 +25,6 @@ import signal
 import stat
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +33,26 @@ import trio
 
 from ale import __version__, catalog
 from ale.client import AleEnvClient, AleEnvError
+from ale.core import grammar
+from ale.core.parse import ParseError, parse_json
 from ale.core.release import ReleaseManifest
 from ale.core.results import TASK_RESULTS_SCHEMA
+from ale.core.trajectory import MAX_LINE_DEPTH
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import MAX_POLICY_BYTES
 from ale.runner import agent_env
 from ale.runner._groups import collapse
 from ale.runner.progress import Progress
 from ale.runner.recorder import Recorder, clip_text, open_recorder
-from ale.runner.runtime import EvaluatorHandle, EvaluatorSpec, EvaluatorStartError, Runtime, SandboxError
+from ale.runner.runtime import EvaluatorHandle, EvaluatorSpec, EvaluatorStartError, LineSink, Runtime, SandboxError
 from ale.runner.sandbox import SANDBOX_UID, SOCKET_PATH, TASK_PATH, WORKSPACE_PATH, Limits, SandboxSpec, sandbox_path
 
-AGENT_EVENT_KINDS = frozenset({"message", "tool_call", "tool_result", "shell_command", "api_usage", "note"})
-HIDDEN_REASONING_KINDS = frozenset({"thought", "thoughts", "reasoning", "thinking", "chain_of_thought"})
+AGENT_EVENT_KINDS = frozenset(grammar.AGENT_CHANNEL_KINDS)  # what the agent may write on ALE_EVENT_FD
+#: an event-channel line is parsed only up to this size (the runtime cuts longer lines)
+MAX_EVENT_LINE = 64 * 1024
+#: an evaluator log line is parsed only up to this size (a gRPC request, and so an id the line
+#: echoes, is at most 4 MiB); a longer one is counted and skipped, and a poll reads at most this much
+MAX_EVALUATOR_LINE = 8 * 1024 * 1024
 POLICY_ENTRYPOINT = "policy"
 POLICY_ARTIFACT = "policy.safetensors"
 
@@ -177,44 +185,88 @@ def _task_readme(task: catalog.Task) -> str:
 
 
 class EvaluatorTail:
-    """Turns the evaluator's JSONL event log into trusted_evaluator events, incrementally."""
+    """Turns the evaluator's JSONL event log into trusted_evaluator events, incrementally.
+
+    Each line is parsed with :func:`~ale.core.parse.parse_json`; one that cannot be read becomes an
+    ``unreadable_evaluator_event``. The lines about the agent's own calls (the agent endpoint's RPCs,
+    its practice batches) are charged to the ``evaluator`` channel's budget; the evaluator's
+    other lines (the official evaluation's) are always recorded.
+    """
 
     def __init__(self, path: Path, recorder: Recorder, task_ref: str) -> None:
         self.path, self.recorder, self.task_ref = path, recorder, task_ref
         self.offset = 0
         self.partial = b""
+        self.skipping = 0  # bytes of an over-long line being skipped (0: none)
         self.agent_env_steps = 0
         self.last_monotonic = 0.0
+        self._lock = trio.Lock()  # one poll at a time (the background loop, the watchdog, a drain)
 
     def _read(self) -> bytes:
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
-                data = fh.read()
+                data = fh.read(MAX_EVALUATOR_LINE)
         except FileNotFoundError:
             return b""
         self.offset += len(data)
         return data
 
-    async def poll(self) -> None:
-        data = self.partial + await trio.to_thread.run_sync(self._read)
-        *lines, self.partial = data.split(b"\n")
-        for line in lines:
-            try:
-                event = json.loads(line)
-                kind = str(event.pop("kind"))
-                wall, mono = float(event.pop("wall_time")), float(event.pop("monotonic"))
-            except (ValueError, KeyError, TypeError):
-                self.recorder.emit("trusted_harness", "unreadable_evaluator_event", {"task": self.task_ref})
-                continue
-            if "agent_env_steps_total" in event:
-                self.agent_env_steps = max(self.agent_env_steps, int(event["agent_env_steps_total"]))
-            mono = max(mono, self.last_monotonic)  # one producer, one clock: never backwards
-            self.last_monotonic = mono
-            event["evaluator_seq"] = event.pop("seq", None)
-            self.recorder.emit(
-                "trusted_evaluator", kind, {"task": self.task_ref, **event}, wall_time=wall, monotonic=mono
-            )
+    async def poll(self, reads: int | None = 4) -> None:
+        """Record the complete lines written since the last poll: at most ``reads`` times
+        MAX_EVALUATOR_LINE bytes of them (so that a flood cannot hold the caller), or all (None)."""
+        async with self._lock:
+            while reads is None or reads > 0:
+                data = await trio.to_thread.run_sync(self._read)
+                if not data:
+                    return
+                for line in self._lines(data):
+                    self._record(line)
+                reads = None if reads is None else reads - 1
+
+    async def drain(self) -> None:
+        """Record every line the evaluator has written (once the agent's processes are gone)."""
+        await self.poll(None)
+
+    def _lines(self, data: bytes) -> list[bytes]:
+        """The complete lines in ``data`` (after what was kept of the last read); an over-long
+        line is skipped to its end and noted."""
+        if self.skipping:
+            cut = data.find(b"\n")
+            if cut < 0:
+                self.skipping += len(data)
+                return []
+            self._unreadable(f"a line of {self.skipping + cut} bytes exceeds {MAX_EVALUATOR_LINE}")
+            self.skipping, data = 0, data[cut + 1 :]
+        *lines, rest = (self.partial + data).split(b"\n")
+        self.partial = rest
+        if len(rest) > MAX_EVALUATOR_LINE:
+            self.skipping, self.partial = len(rest), b""
+        return lines
+
+    def _unreadable(self, reason: str, size: int = 0) -> None:
+        if self.recorder.admit("evaluator", size):
+            data = {"task": self.task_ref, "reason": reason}
+            self.recorder.emit("trusted_harness", "unreadable_evaluator_event", data, channel="evaluator")
+
+    def _record(self, line: bytes) -> None:
+        parsed = _evaluator_line(line)
+        if isinstance(parsed, str):
+            self._unreadable(parsed, len(line))
+            return
+        kind, wall, mono, event = parsed
+        steps = event.get("agent_env_steps_total")
+        if type(steps) is int:
+            self.agent_env_steps = max(self.agent_env_steps, steps)
+        agents = event.get("endpoint") == "agent" or (kind == "batch_submitted" and event.get("official") is not True)
+        channel = "evaluator" if agents else None
+        if agents and not self.recorder.admit("evaluator", len(line)):
+            return
+        mono = max(mono, self.last_monotonic)  # one producer, one clock: never backwards
+        self.last_monotonic = mono
+        event["evaluator_seq"] = event.pop("seq", None)
+        data = {"task": self.task_ref, **event}
+        self.recorder.emit("trusted_evaluator", kind, data, wall_time=wall, monotonic=mono, channel=channel)
 
     async def run(self) -> None:
         while True:
@@ -222,42 +274,65 @@ class EvaluatorTail:
             await trio.sleep(0.25)
 
 
-def _agent_sink(recorder: Recorder, producer_kind_prefix: str = "") -> Callable[[str, bytes], None]:
+_YEAR_10000 = 253_402_300_800.0
+
+
+def _evaluator_line(line: bytes) -> tuple[str, float, float, dict[str, Any]] | str:
+    """(kind, wall time, monotonic time, the rest) of an evaluator log line, or why it cannot be read."""
+    try:
+        event = parse_json(line, what="evaluator log line", max_bytes=MAX_EVALUATOR_LINE)
+    except ParseError as exc:
+        return clip_text(str(exc), 512)
+    if type(event) is not dict:
+        return "not a JSON object"
+    kind, wall, mono = event.pop("kind", None), event.pop("wall_time", None), event.pop("monotonic", None)
+    if type(kind) is not str:
+        return "no kind"
+    if type(wall) not in (int, float) or type(mono) not in (int, float) or not 0 <= wall < _YEAR_10000:
+        return "wall_time and monotonic must be numbers (seconds)"
+    if not math.isfinite(mono):
+        return "monotonic must be finite"
+    return kind, float(wall), float(mono), event
+
+
+def _agent_sink(recorder: Recorder, task_ref: str, prefix: str = "", phase: str = "agent") -> LineSink:
+    """Where the agent's output lines go: its stdout and stderr as text, its event channel's lines
+    parsed (:func:`_channel_event`); each stream charged to its channel of ``phase``."""
+
     def sink(stream: str, line: bytes) -> None:
+        channel = f"{phase}.{stream}"
+        if not recorder.admit(channel, len(line) + 1):
+            return
         if stream in ("stdout", "stderr"):
             text = line.decode("utf-8", errors="replace")
-            recorder.emit("untrusted_agent", producer_kind_prefix + stream, {"text": clip_text(text)})
+            recorder.emit("untrusted_agent", prefix + stream, {"text": text}, channel=channel)
             return
-        try:
-            event = json.loads(line)
-            kind, data = event["kind"], event.get("data", {})
-        except (ValueError, KeyError, TypeError):
-            recorder.emit("trusted_harness", "rejected_agent_event", {"reason": "not a JSON object with a kind"})
+        parsed = _channel_event(line)
+        if isinstance(parsed, str):
+            data = {"task": task_ref, "reason": parsed}
+            recorder.emit("trusted_harness", "rejected_agent_event", data, channel=channel)
             return
-        if not isinstance(kind, str) or not isinstance(data, dict):
-            recorder.emit(
-                "trusted_harness", "rejected_agent_event", {"reason": "kind must be a string, data an object"}
-            )
-        elif kind.lower() in HIDDEN_REASONING_KINDS:
-            recorder.emit("trusted_harness", "rejected_agent_event", {"reason": "hidden reasoning is never recorded"})
-        elif kind not in AGENT_EVENT_KINDS:
-            recorder.emit(
-                "trusted_harness", "rejected_agent_event", {"reason": f"unknown kind {clip_text(kind, 64)!r}"}
-            )
-        else:
-            try:
-                recorder.emit("untrusted_agent", kind, _clip_data(data))
-            except (ValueError, TypeError):
-                recorder.emit("trusted_harness", "rejected_agent_event", {"reason": "data has no canonical JSON form"})
+        recorder.emit("untrusted_agent", *parsed, channel=channel)  # the grammar has the last word
 
     return sink
 
 
-def _clip_data(data: dict[str, Any]) -> dict[str, Any]:
-    raw = json.dumps(data)
-    if len(raw) <= 64 * 1024:
-        return data
-    return {"truncated": True, "json": raw[: 64 * 1024]}
+def _channel_event(line: bytes) -> tuple[str, dict[str, Any]] | str:
+    """(kind, data) of an event-channel line, or why it is refused."""
+    try:
+        event = parse_json(line, what="the event line", max_bytes=MAX_EVENT_LINE, max_depth=MAX_LINE_DEPTH)
+    except ParseError as exc:
+        return clip_text(f"not JSON: {exc}", 512)
+    if not isinstance(event, dict) or "kind" not in event:
+        return "not a JSON object with a kind"
+    kind, data = event["kind"], event.get("data", {})
+    if not isinstance(kind, str) or not isinstance(data, dict):
+        return "kind must be a string, data an object"
+    if kind not in AGENT_EVENT_KINDS:
+        refused = grammar.refusal("untrusted_agent", kind)
+        why = refused[1] if refused is not None else "it is recorded by the harness, not written on the event channel"
+        return clip_text(f"kind {kind!r} is refused: {why}", 512)
+    return kind, data
 
 
 def _prepare_dirs(root: Path, task: catalog.Task) -> tuple[Path, Path, Path]:
@@ -347,7 +422,7 @@ class Harness:
         finished = False
         try:
             with collapse():
-                async with open_recorder(trajectory) as rec:
+                async with open_recorder(trajectory, tasks=len(self.options.tasks)) as rec:
                     rec.emit("trusted_harness", "run_started", self._run_started(attestation))
                     try:
                         with collapse():
@@ -449,11 +524,14 @@ class Harness:
         )
         self.progress.phase(s.id, "evaluator", "starting")
         rec.emit("trusted_harness", "task_started", {"task": s.ref, "digest": task.digest, "mode": s.mode})
+        rec.open_channel("evaluator", s.ref)
         try:
             with collapse():
-                await self._task_body(task, spec, rec, task_dir, workspace, outcome)
+                async with self.runtime.open_workspace(workspace, self.options.limits):
+                    await self._task_body(task, spec, rec, task_dir, workspace, outcome)
         except (EvaluatorStartError, SandboxError, OSError) as exc:
             raise RunError(f"{s.id}: {exc}") from None
+        rec.close_channel("evaluator")
         rec.emit(
             "trusted_harness", "task_finished", {"task": s.ref, "status": outcome.status, "reason": outcome.reason}
         )
@@ -470,16 +548,15 @@ class Harness:
         outcome: TaskOutcome,
     ) -> None:
         async with self.runtime.open_evaluator(spec) as ev, trio.open_nursery() as nursery:
+            rec.emit("trusted_harness", "evaluator_started", {"task": task.spec.ref})
             tail = EvaluatorTail(spec.events_path, rec, task.spec.ref)
             nursery.start_soon(tail.run)
-            rec.emit("trusted_harness", "evaluator_started", {"task": task.spec.ref})
             await self._agent_phase(task, ev, tail, task_dir, workspace, rec, outcome)
             self._check_alive(ev, task)
-            await self._official_phase(task, ev, task_dir, workspace, rec, outcome)
+            await self._official_phase(task, ev, tail, task_dir, workspace, rec, outcome)
             self._check_alive(ev, task)
-            await tail.poll()
             nursery.cancel_scope.cancel()
-        await tail.poll()
+        await tail.drain()  # what the evaluator wrote until it stopped
 
     @staticmethod
     def _check_alive(ev: EvaluatorHandle, task: catalog.Task) -> None:
@@ -506,6 +583,7 @@ class Harness:
             {"task": s.ref, "command": list(command), "wall_time_budget_s": budget_s},
         )
         started = time.monotonic()
+        rec.open_channel("agent", s.ref)
 
         async def should_stop() -> str:
             await tail.poll()
@@ -530,9 +608,10 @@ class Harness:
                 wall_time_s=budget_s,
                 agent_env=self._agent_env,
             ),
-            _agent_sink(rec),
+            _agent_sink(rec, s.ref),
             should_stop=should_stop,
         )
+        rec.close_channel("agent")
         outcome.agent = {
             "exit_status": result.exit_status,
             "stopped_for": result.stopped_for,
@@ -551,6 +630,7 @@ class Harness:
         self,
         task: catalog.Task,
         ev: EvaluatorHandle,
+        tail: EvaluatorTail,
         task_dir: Path,
         workspace: Path,
         rec: Recorder,
@@ -559,19 +639,24 @@ class Harness:
         s = task.spec
         n = self.options.episodes or s.official_episodes
         outcome.episodes = n
-        self.progress.phase(s.id, "official evaluation", f"{n} episodes on hidden seeds")
+        deadline_s = official_deadline_s(task, n, self.options.eval_time_s)
+        self.progress.phase(s.id, "official evaluation", f"{n} episodes on hidden seeds, {deadline_s:.0f} s deadline")
         rec.emit("trusted_harness", "official_evaluation_started", {"task": s.ref, "mode": s.mode, "episodes": n})
         client = AleEnvClient(ev.harness_target, timeout=60)
+        deadline = Deadline(time.monotonic() + deadline_s, deadline_s)
         try:
             if s.mode == "batch":
-                result = await self._official_batch(task, client, workspace, n, outcome, rec)
+                result = await self._official_batch(task, client, workspace, n, outcome, rec, deadline)
             else:
-                result = await self._official_interactive(task, ev, client, task_dir, workspace, n, outcome, rec)
+                result = await self._official_interactive(
+                    task, ev, client, task_dir, workspace, n, outcome, rec, deadline
+                )
         except AleEnvError as exc:
             self._check_alive(ev, task)
             raise RunError(f"{s.id}: the evaluator refused the official evaluation: {exc}") from None
         finally:
             client.close()
+        await tail.drain()  # the evaluator's events of the official evaluation come before its end
         if result is None:
             rec.emit("trusted_harness", "official_evaluation_skipped", {"task": s.ref, "reason": outcome.reason})
             return
@@ -594,7 +679,14 @@ class Harness:
         )
 
     async def _official_batch(
-        self, task: catalog.Task, client: AleEnvClient, workspace: Path, n: int, outcome: TaskOutcome, rec: Recorder
+        self,
+        task: catalog.Task,
+        client: AleEnvClient,
+        workspace: Path,
+        n: int,
+        outcome: TaskOutcome,
+        rec: Recorder,
+        deadline: Deadline,
     ) -> pb.EvalResult | None:
         path = workspace / POLICY_ARTIFACT
         info = await _left_policy(path, "policy artifact", outcome, executable=False)
@@ -620,12 +712,19 @@ class Harness:
                 return None
             raise
         while True:
-            status = await trio.to_thread.run_sync(lambda: client.get_batch_eval_status(batch.batch_id, wait_ms=1000))
+            wait_ms = int(min(1.0, deadline.remaining()) * 1000)
+            status = await trio.to_thread.run_sync(
+                functools.partial(client.get_batch_eval_status, batch.batch_id, wait_ms=wait_ms)
+            )
             self.progress.update(task.spec.id, f"{status.episodes_done}/{status.num_episodes} episodes")
             if status.state in (pb.BATCH_STATE_DONE, pb.BATCH_STATE_FAILED):
                 break
+            if deadline.remaining() <= 0:
+                outcome.reason = deadline.missed(status.episodes_done, status.num_episodes)
+                break
         if status.state == pb.BATCH_STATE_FAILED:
             outcome.reason = f"the batch evaluation failed: {status.error}"
+        # Finalizing stops a batch still running: its missing episodes count as the worst value.
         return await trio.to_thread.run_sync(lambda: client.get_eval_result(batch.batch_id, finalize=True))
 
     async def _official_interactive(
@@ -638,6 +737,7 @@ class Harness:
         n: int,
         outcome: TaskOutcome,
         rec: Recorder,
+        deadline: Deadline,
     ) -> pb.EvalResult | None:
         if await _left_policy(workspace / POLICY_ENTRYPOINT, "policy entrypoint", outcome, executable=True) is None:
             return None
@@ -645,7 +745,7 @@ class Harness:
         session = await trio.to_thread.run_sync(lambda: client.start_eval_session(created.env_id, num_episodes=n))
         rec.emit("trusted_harness", "eval_session_opened", {"task": task.spec.ref, "episodes": session.num_episodes})
         env = self._env(task) | {"ALE_ENV_ID": session.env_id, "ALE_NUM_EPISODES": str(session.num_episodes)}
-        limit = self.options.eval_time_s or 120.0 + 0.004 * n * 1000
+        rec.open_channel("policy", task.spec.ref)
 
         async def should_stop() -> str:
             snapshot = await trio.to_thread.run_sync(lambda: client.get_eval_result(session.session_id))
@@ -661,12 +761,13 @@ class Harness:
                 evaluator_socket=ev.agent_socket,
                 env=env,
                 limits=self.options.limits,
-                wall_time_s=limit,
+                wall_time_s=deadline.remaining(),
                 agent_env=self._agent_env,
             ),
-            _agent_sink(rec, "policy_"),
+            _agent_sink(rec, task.spec.ref, "policy_", "policy"),
             should_stop=should_stop,
         )
+        rec.close_channel("policy")
         if result.dropped_output_bytes:
             rec.emit(
                 "trusted_harness",
@@ -680,7 +781,40 @@ class Harness:
         )
         self._check_alive(ev, task)
         final = await trio.to_thread.run_sync(lambda: client.get_eval_result(session.session_id, finalize=True))
+        reasons = []
+        if result.stopped_for == "wall_time":
+            done = sum(not e.aborted for e in final.episodes)
+            reasons.append(deadline.missed(done, n))
         aborted = sum(e.aborted for e in final.episodes)
         if aborted:
-            outcome.reason = f"{aborted} of {n} episodes were aborted"
+            reasons.append(f"{aborted} of {n} episodes were aborted")
+        outcome.reason = "; ".join(reasons)
         return final
+
+
+#: The official evaluation's allowance: a fixed start-up margin plus this much per official episode
+#: (a 1000-step episode at 4 ms a step over gRPC), never more than the agent's own wall-time budget.
+OFFICIAL_BASE_S = 120.0
+OFFICIAL_PER_EPISODE_S = 4.0
+
+
+def official_deadline_s(task: catalog.Task, episodes: int, override: float | None = None) -> float:
+    """How long the official evaluation of ``episodes`` episodes may take (docs/decisions.md)."""
+    if override is not None:
+        return override
+    return min(float(task.spec.budgets.wall_time_s), OFFICIAL_BASE_S + OFFICIAL_PER_EPISODE_S * episodes)
+
+
+@attrs.frozen
+class Deadline:
+    """When the official evaluation must be over (``at``, monotonic), ``seconds`` after it began."""
+
+    at: float
+    seconds: float
+
+    def remaining(self) -> float:
+        return max(0.0, self.at - time.monotonic())
+
+    def missed(self, done: int, total: int) -> str:
+        """The failure reason recorded when the deadline passed with ``done`` of ``total`` episodes."""
+        return f"the official evaluation passed its deadline of {self.seconds:g} s with {done} of {total} episodes done"

@@ -1,18 +1,30 @@
-"""``ale inspect``: decrypt a bundle for whoever holds the key, check it offline, show what it holds."""
+"""``ale inspect`` (and ``ale-verify check``): decrypt a bundle for whoever holds the key, run the
+site's checks on it offline, show what it holds and say what could not be checked.
+
+The checks are the site's own (:func:`ale.core.verify.check_files`: the same functions, in the
+same order, with the same reason codes), including the runner signature: it must verify, and
+given runner public keys (``--runner-public-key``, or the verifier's registered keys for
+``ale-verify check``) it must be one of them. What needs the site's records (the challenge
+token's HMAC, its user, expiry and one-time use) is listed as not checked, never as passed.
+"""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import hashlib
 import json
 import sys
+from collections.abc import Iterable, Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ale import catalog
 from ale.core.release import ReleaseManifest, parse_release
-from ale.core.verify import Report, VerificationError, check_files, unpack
+from ale.core.signing import key_id
+from ale.core.verify import KeyLookup, Report, RunnerKey, VerificationError, check_files, level_for, plain, unpack
 from ale.schemas import validate_document
 
 
@@ -33,6 +45,30 @@ def read_identity(path: Path) -> str:
     raise IdentityError(f"{path} holds no age identity (a line starting AGE-SECRET-KEY-1)")
 
 
+def runner_public_key(text: str) -> RunnerKey:
+    """A runner public key as ``ale runner-key`` prints it (base64 of the raw 32 bytes)."""
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raw = b""
+    if len(raw) != 32:
+        raise IdentityError(f"{text[:60]!r} is not a runner public key (base64 of 32 raw Ed25519 bytes)")
+    return RunnerKey(key_id(raw), base64.b64encode(raw).decode(), "given", "given on the command line")
+
+
+def key_lookup(keys: Iterable[RunnerKey], *more: KeyLookup) -> KeyLookup:
+    """Look a key id up among ``keys``, then in each of ``more``."""
+    by_id = {k.key_id: k for k in keys}
+
+    def lookup(kid: str) -> RunnerKey | None:
+        found = by_id.get(kid)
+        for other in more:
+            found = found or other(kid)
+        return found
+
+    return lookup
+
+
 @functools.cache
 def installed_releases() -> dict[str, ReleaseManifest]:
     """The installed release manifests by the SHA-256 of their bytes (read once; package data)."""
@@ -44,7 +80,7 @@ def installed_releases() -> dict[str, ReleaseManifest]:
     return found
 
 
-def offline_check(ciphertext: bytes, identity: str) -> Report:
+def offline_check(ciphertext: bytes, identity: str, runner_keys: KeyLookup | None = None) -> Report:
     releases = installed_releases()
     known = {t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()}
     files = unpack(ciphertext, identity)
@@ -53,6 +89,7 @@ def offline_check(ciphertext: bytes, identity: str) -> Report:
         release_for=lambda sha: (releases[sha], sha) if sha in releases else None,
         known_tasks=known,
         validate=validate_document,
+        runner_keys=runner_keys,
     )
 
 
@@ -68,50 +105,69 @@ def _task_json(t: Any) -> dict[str, Any]:
     }
 
 
-def report_json(report: Report) -> dict[str, Any]:
-    agg = report.claimed.get("aggregate", {})
+def passed_checks(report: Report) -> list[str]:
+    """What the offline checks proved of this bundle, in the pipeline's order."""
+    challenge = report.manifest.challenge is not None
+    signed = report.docs.integrity.signature is not None
+    return [
+        "decryption and the age header",
+        "exactly one zstd frame",
+        "the canonical tar layout and the allow-list",
+        "every document parsed, canonical, schema-valid, with no level claims",
+        "the trajectory's hash chain" + (" and the challenge nonce bound in its first event" if challenge else ""),
+        "the integrity root (file digests, Merkle root, chain head)",
+        *(["the runner signature verifies"] if signed else []),
+        *(["the signing key is a registered runner key"] if signed and report.registration_checked else []),
+        "release and task versions, coverage",
+        "the faithfulness verdicts and the recomputed scores",
+    ]
+
+
+def _signature_json(report: Report) -> dict[str, Any] | None:
+    signature = report.docs.integrity.signature
+    if signature is None:
+        return None
+    runner = report.runner
     return {
-        "run_id": report.manifest.get("run_id"),
-        "agent": report.manifest.get("agent"),
-        "release": report.manifest.get("release"),
-        "runtime": report.manifest.get("runtime"),
-        "challenge": report.manifest.get("challenge"),
+        "key_id": signature.key_id,
+        "verifies": True,
+        "registered": runner is not None if report.registration_checked else None,
+        "runner": None if runner is None else {"kind": runner.kind, "label": runner.label},
+    }
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    m = report.manifest
+    level, notes = level_for(
+        challenged=m.challenge is not None,
+        official_episode_counts=m.run.official_episode_counts,
+        runner=report.runner is not None,
+    )
+    return {
+        "run_id": m.run_id,
+        "agent": plain(m.agent),
+        "release": plain(m.release),
+        "runtime": plain(m.runtime),
+        "challenge": plain(m.challenge),
         "trajectory": {
             "events": report.chain.events,
             "chain_head": report.chain.head,
             "per_producer": report.chain.per_producer,
         },
         "tasks": [_task_json(t) for t in report.results.tasks],
-        "scores": report.claimed.get("tasks"),
-        "aggregate": agg,
-        "merkle_root": report.integrity.get("merkle_root"),
-        "checks": "all offline checks passed (decryption, archive safety, schemas, chain, integrity, versions, scores)",
+        "scores": plain(report.claimed.tasks),
+        "aggregate": plain(report.claimed.aggregate),
+        "merkle_root": report.root,
+        "signature": _signature_json(report),
+        "checks": {"passed": passed_checks(report), "not_checked": list(report.not_checked)},
+        "level_if_the_site_accepts_it": {"level": level, "notes": notes},
     }
 
 
-def inspect_bundle(bundle: Path, identity_path: Path, *, as_json: bool = False) -> int:
-    try:
-        identity = read_identity(identity_path)
-        ciphertext = bundle.read_bytes()
-    except IdentityError as exc:
-        print(f"ale: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"ale: error: cannot read {bundle}: {exc.strerror}", file=sys.stderr)
-        return 2
-    try:
-        report = offline_check(ciphertext, identity)
-    except VerificationError as exc:
-        print(f"ale: the bundle fails verification ({exc.reason}): {exc}", file=sys.stderr)
-        return 1
-    doc = report_json(report)
-    if as_json:
-        print(json.dumps(doc, indent=2, sort_keys=True))
-        return 0
-    out = sys.stdout
+def _write_text(doc: Mapping[str, Any], out: TextIO) -> None:
     out.write(f"run {doc['run_id']}  agent {doc['agent']['name']}  release {doc['release']['name']}\n")
-    runtime = doc["runtime"] or {}
-    out.write(f"runtime {runtime.get('runtime')} (sandbox {runtime.get('sandbox')})\n")
+    runtime = doc["runtime"]
+    out.write(f"runtime {runtime['runtime']} (sandbox {runtime['sandbox']})\n")
     out.write(f"trajectory: {doc['trajectory']['events']} events, head {doc['trajectory']['chain_head'][:16]}..., ")
     out.write(", ".join(f"{k} {v}" for k, v in sorted(doc["trajectory"]["per_producer"].items())) + "\n")
     for t in doc["tasks"]:
@@ -122,13 +178,58 @@ def inspect_bundle(bundle: Path, identity_path: Path, *, as_json: bool = False) 
         if t["reason"]:
             line += f" ({t['reason']})"
         out.write(line + "\n")
-    for s in doc["scores"] or []:
+    for s in doc["scores"]:
         out.write(f"  score {s['task']}: gap {s['gap']:.3f} x penalties -> {s['score']:.3f}, final {s['final']:.3f}\n")
     agg = doc["aggregate"]
-    mean, rate = agg.get("macro_mean"), agg.get("pass_rate")
-    covered, missing = len(agg.get("covered", [])), len(agg.get("missing", []))
+    mean, rate = agg["macro_mean"], agg["pass_rate"]
+    covered, missing = len(agg["covered"]), len(agg["missing"])
     mean_text = "n/a" if mean is None else f"{mean:.3f}"
     rate_text = "n/a" if rate is None else f"{rate:.2f}"
     out.write(f"macro mean {mean_text}, pass rate {rate_text}, coverage {covered}/{covered + missing}\n")
-    out.write(f"{doc['checks']}\n")
+    signature = doc["signature"]
+    if signature is None:
+        out.write("signature: none (an unsigned bundle is never officially_verified)\n")
+    else:
+        registered = {True: "a registered runner", False: "not registered", None: "registration not checked"}
+        out.write(f"signature: verifies, key {signature['key_id'][:16]}..., {registered[signature['registered']]}\n")
+    out.write(f"offline checks passed: {'; '.join(doc['checks']['passed'])}\n")
+    for item in doc["checks"]["not_checked"]:
+        out.write(f"not checked: {item}\n")
+    verdict = doc["level_if_the_site_accepts_it"]
+    out.write(f"level if the site's own checks pass too: {verdict['level']}\n")
+
+
+def inspect_bundle(
+    bundle: Path,
+    identity_path: Path,
+    *,
+    as_json: bool = False,
+    runner_keys: Iterable[str] = (),
+    registered: KeyLookup | None = None,
+    prog: str = "ale",
+) -> int:
+    """Check a bundle offline and print what it holds. ``runner_keys`` are public keys (base64)
+    the signature may name; ``registered`` looks up more (the verifier's database). With neither,
+    a signature is verified but its registration is not checked (and the report says so)."""
+    try:
+        identity = read_identity(identity_path)
+        given = [runner_public_key(k) for k in runner_keys]
+        ciphertext = bundle.read_bytes()
+    except IdentityError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"{prog}: error: cannot read {bundle}: {exc.strerror}", file=sys.stderr)
+        return 2
+    lookup = key_lookup(given, *([registered] if registered else [])) if given or registered else None
+    try:
+        report = offline_check(ciphertext, identity, lookup)
+    except VerificationError as exc:
+        print(f"{prog}: the bundle fails verification ({exc.reason}): {exc}", file=sys.stderr)
+        return 1
+    doc = report_json(report)
+    if as_json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        _write_text(doc, sys.stdout)
     return 0

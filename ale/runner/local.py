@@ -11,7 +11,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,9 @@ import trio
 import trio.lowlevel
 
 from ale.core import attestation
-from ale.runner import agent_env, sandbox
+from ale.runner import agent_env, isolation, sandbox, seccomp
 from ale.runner._groups import collapse
+from ale.runner.isolation import SandboxResources
 from ale.runner.runtime import (
     EvaluatorSpec,
     EvaluatorStartError,
@@ -41,12 +42,12 @@ MAX_STREAM_BYTES = 8 * 1024 * 1024
 def code_digest() -> dict[str, Any]:
     """A digest of the installed code (the ale and ale_evaluator packages: runner, client and evaluator)
     and of the dependency lock (sorted name==version lines)."""
-    import ale_evaluator
-
     import ale
+    import ale_evaluator
 
     def files() -> Iterator[tuple[str, bytes]]:
         for package in (ale, ale_evaluator):
+            assert package.__file__ is not None  # both are regular packages
             root = Path(package.__file__).resolve().parent
             for path in sorted(root.rglob("*")):
                 if (
@@ -68,22 +69,34 @@ def code_digest() -> dict[str, Any]:
 
 @attrs.define
 class _LineSplitter:
-    """Splits a byte stream into lines, truncating long lines and capping the total it passes on."""
+    """Splits a byte stream into lines, capping the total it passes on. A line longer than MAX_LINE
+    is passed on in pieces of MAX_LINE (output text), or, with ``cut``, only its first MAX_LINE bytes
+    (the event channel: one line, one JSON value); the rest of it is counted as dropped."""
 
     stream: str
     sink: LineSink
     budget: int = MAX_STREAM_BYTES
+    cut: bool = False
     buf: bytearray = attrs.Factory(bytearray)
     dropped: int = 0
+    skipping: bool = False  # inside the rest of a cut line
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes | bytearray) -> None:
         self.buf += data
         while True:
             cut = self.buf.find(b"\n")
+            if self.skipping:
+                self.dropped += len(self.buf) if cut < 0 else cut + 1
+                del self.buf[: len(self.buf) if cut < 0 else cut + 1]
+                self.skipping = cut < 0
+                if cut < 0:
+                    return
+                continue
             if cut < 0:
                 if len(self.buf) > MAX_LINE:
                     self._line(bytes(self.buf[:MAX_LINE]))
                     del self.buf[:MAX_LINE]
+                    self.skipping = self.cut
                     continue
                 return
             self._line(bytes(self.buf[:cut]))
@@ -98,9 +111,10 @@ class _LineSplitter:
         self.sink(self.stream, line)
 
     def close(self) -> None:
-        if self.buf:
+        if self.buf and not self.skipping:
             self._line(bytes(self.buf))
-            self.buf.clear()
+        self.dropped += len(self.buf) if self.skipping else 0
+        self.buf.clear()
 
 
 async def _pump(stream: trio.abc.ReceiveStream, splitter: _LineSplitter) -> None:
@@ -163,11 +177,26 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _pid_namespace(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
 async def _terminate(process: trio.Process, *, group: bool) -> None:
     """SIGTERM (to the whole tree: a sandboxed agent sits in its own session), then SIGKILL."""
 
     def send(sig: int) -> None:
         targets = _descendants(process.pid) if group else []
+        if group and sig == signal.SIGTERM:
+            # Only the sandbox's own processes: SIGTERM to timeout(1) or the outer bwrap ends the
+            # sandbox's PID namespace at once (SIGKILL), before the agent's handler can run.
+            targets = [pid for pid in targets if _pid_namespace(pid) not in ("", _pid_namespace(os.getpid()))]
+            for pid in reversed(targets):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+            return
         for pid in reversed(targets):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
@@ -195,6 +224,7 @@ class LocalRuntime:
 
     def __init__(self) -> None:
         self._sandbox_kind: str | None = None
+        self._isolation: isolation.Isolation | None = None
 
     @property
     def sandbox_kind(self) -> str:
@@ -202,14 +232,25 @@ class LocalRuntime:
             self._sandbox_kind = sandbox.detect()
         return self._sandbox_kind
 
+    @property
+    def isolation(self) -> isolation.Isolation:
+        if self._isolation is None:
+            self._isolation = isolation.probe(self.sandbox_kind)
+        return self._isolation
+
     def check(self) -> None:
         try:
-            _ = self.sandbox_kind
+            _ = self.isolation
         except sandbox.SandboxUnavailable as exc:
             raise RuntimeUnavailable(str(exc)) from None
 
     def attestation(self) -> dict[str, Any]:
-        return {"runtime": "local", "sandbox": self.sandbox_kind, "code": code_digest()}
+        return {
+            "runtime": "local",
+            "sandbox": self.sandbox_kind,
+            "isolation": self.isolation.describe(),
+            "code": code_digest(),
+        }
 
     @asynccontextmanager
     async def open_evaluator(self, spec: EvaluatorSpec) -> AsyncIterator[LocalEvaluator]:
@@ -281,6 +322,9 @@ class LocalRuntime:
             if process.returncode is None:
                 await _terminate(process, group=False)
 
+    def open_workspace(self, workspace: Path, limits: sandbox.Limits) -> AbstractAsyncContextManager[None]:
+        return self.isolation.open_workspace(workspace, limits)
+
     async def run_sandboxed(
         self,
         spec: sandbox.SandboxSpec,
@@ -293,9 +337,21 @@ class LocalRuntime:
                 spec = attrs.evolve(spec, agent_env=await trio.to_thread.run_sync(agent_env.ensure))
             except agent_env.AgentEnvError as exc:
                 raise SandboxError(str(exc)) from None
+        async with self.isolation.open_sandbox(spec) as resources:
+            return await self._supervise(spec, sink, should_stop, resources)
+
+    async def _supervise(
+        self,
+        spec: sandbox.SandboxSpec,
+        sink: LineSink,
+        should_stop: Callable[[], Awaitable[str]] | None,
+        resources: SandboxResources,
+    ) -> SandboxResult:
         read_fd, write_fd = os.pipe()
         spec = attrs.evolve(spec, env={**spec.env, "ALE_EVENT_FD": str(write_fd)})
-        argv = sandbox.bwrap_argv(spec)
+        flt = self.isolation.filter
+        seccomp_fd = seccomp.program_fd(flt) if flt is not None else None
+        argv = sandbox.bwrap_argv(spec, seccomp_fd=seccomp_fd, **resources.argv_kwargs())
         started = time.monotonic()
         try:
             process = await trio.lowlevel.open_process(
@@ -303,7 +359,7 @@ class LocalRuntime:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                pass_fds=(write_fd,),
+                pass_fds=(write_fd,) if seccomp_fd is None else (write_fd, seccomp_fd),
                 start_new_session=True,
             )
         except OSError as exc:
@@ -311,7 +367,13 @@ class LocalRuntime:
             raise SandboxError(f"cannot start the sandbox: {exc}") from None
         finally:
             os.close(write_fd)
-        splitters = [_LineSplitter("stdout", sink), _LineSplitter("stderr", sink), _LineSplitter("event", sink)]
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+        splitters = [
+            _LineSplitter("stdout", sink),
+            _LineSplitter("stderr", sink),
+            _LineSplitter("event", sink, cut=True),
+        ]
         stopped_for = ""
         events = trio.lowlevel.FdStream(read_fd)
         assert process.stdout is not None

@@ -1,61 +1,255 @@
-"""The trajectory recorder: every producer's events, in one hash chain, written off the event loop.
+"""The trajectory recorder: every producer's events, in one hash chain, within the site's limits.
 
 ``emit`` is synchronous and cheap (it builds the event and its line with the pure
 :class:`~ale.core.trajectory.ChainBuilder`, so the chain order is the order of ``emit`` calls);
-a writer task drains the lines to disk through a worker thread.
+a writer task drains the lines to disk through a worker thread. Before an event is written:
+
+* its data is cut to its producer's caps (:data:`CAPS`): a string past the cap keeps its first
+  bytes and says how many were cut, data whose line is still too long becomes
+  ``{"truncated": true, "original_bytes": N, "json": "<the start of its JSON>"}``;
+* the grammar (:mod:`ale.core.grammar`) must allow it here: what it refuses is recorded as a
+  ``rejected_agent_event`` (the agent's) or a ``refused_event`` (anyone else's) instead, so the
+  harness never writes a trajectory a verifier refuses, whatever the agent does;
+* the events the agent can cause (its output and event channel, and the evaluator's lines about
+  its calls) are charged to a *channel* with a byte budget per task (:data:`BUDGETS`); past it they
+  are counted, not written, and one ``events_dropped`` event says how many when the phase ends.
+
+The budgets add up so that a run's trajectory, compressed (agent text may not compress at all),
+fits the site's upload limit with the other bundle files (docs/formats.md, "Caps and budgets").
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Any
 
+import attrs
 import trio
 
-from ale.core.trajectory import ChainBuilder
+from ale.core import bundle, grammar
+from ale.core.canonical import canonical_json
+from ale.core.trajectory import MAX_LINE_DEPTH, ChainBuilder
 from ale.runner._groups import collapse
 
-MAX_TEXT = 64 * 1024
+KIB, MIB = 1024, 1024 * 1024
 
 
-def clip_text(text: str, limit: int = MAX_TEXT) -> str:
-    return text if len(text) <= limit else text[:limit] + f"... [{len(text) - limit} characters truncated]"
+@attrs.frozen
+class Caps:
+    """How large one event of a producer may be: each string in its data (UTF-8 bytes), and its line."""
+
+    string_bytes: int
+    line_bytes: int
+
+
+#: Per producer (the harness's own strings hold evaluator stderr and refusal messages).
+CAPS: Mapping[str, Caps] = {
+    "trusted_harness": Caps(string_bytes=16 * KIB, line_bytes=256 * KIB),
+    "trusted_evaluator": Caps(string_bytes=1 * KIB, line_bytes=16 * KIB),
+    "untrusted_agent": Caps(string_bytes=64 * KIB, line_bytes=256 * KIB),
+}
+
+_HARNESS_CAPS = CAPS["trusted_harness"]
+
+#: The site refuses a bundle larger than this (ale.core.bundle.Limits.max_ciphertext).
+SITE_LIMIT = bundle.Limits().max_ciphertext
+#: Bytes of trajectory lines each channel may write in a run (split evenly between its tasks):
+#: 21/40 of the site's limit in all (10.5 MiB of 20 MiB), so that the channels' lines, even
+#: incompressible, leave room for the harness's own events, the official evaluation's (an
+#: ``episode_end`` per episode, never dropped) and the seven other files. A channel is
+#: ``<phase>.<stream>``: one stream's flood does not silence the others.
+BUDGETS: Mapping[str, int] = {
+    "agent.stdout": SITE_LIMIT // 10,  # the agent phase
+    "agent.stderr": SITE_LIMIT // 20,
+    "agent.event": SITE_LIMIT // 10,  # its event channel (and the harness's refusals of its lines)
+    "policy.stdout": SITE_LIMIT // 40,  # an interactive policy, during the official evaluation
+    "policy.stderr": SITE_LIMIT // 40,
+    "policy.event": SITE_LIMIT // 40,
+    "evaluator": SITE_LIMIT // 5,  # the evaluator's lines about the agent's own calls
+}
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def clip_text(text: str, limit: int) -> str:
+    """``text`` if it is at most ``limit`` UTF-8 bytes, else its first ``limit`` bytes (whole
+    characters) followed by ``... [N bytes cut]``."""
+    if len(text) <= limit // 4 or _utf8_len(text) <= limit:
+        return text
+    raw = text.encode("utf-8", "surrogatepass")
+    kept = raw[:limit].decode("utf-8", "ignore")
+    return f"{kept}... [{len(raw) - _utf8_len(kept)} bytes cut]"
+
+
+def _clip(value: Any, limit: int, depth: int) -> Any:
+    """``value`` with every string cut to ``limit`` and containers nested past the line's depth limit
+    replaced by a note (``depth``: the level a container here would have; data itself is level 2)."""
+    kind = type(value)
+    if kind is str:
+        return clip_text(value, limit)
+    if kind is not dict and kind is not list:
+        return value
+    if depth > MAX_LINE_DEPTH:
+        return f"... [nested deeper than {MAX_LINE_DEPTH} levels: cut]"
+    if kind is list:
+        return [_clip(item, limit, depth + 1) for item in value]
+    return {key: _clip(item, limit, depth + 1) for key, item in value.items()}
+
+
+def clip_data(data: Mapping[str, Any], caps: Caps) -> Mapping[str, Any]:
+    """The data with its strings cut to the producer's cap (the line's size is checked once built);
+    ``data`` itself when nothing in it can need a cut (the common case, checked cheaply)."""
+    quick = caps.string_bytes // 4  # a string this short is within the cap, whatever its characters
+    for value in data.values():
+        kind = type(value)
+        if (kind is str and len(value) <= quick) or kind in _SCALARS:
+            continue
+        return {key: _clip(item, caps.string_bytes, 3) for key, item in data.items()}
+    return data
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
+def truncated_data(data: Mapping[str, Any], caps: Caps) -> dict[str, Any]:
+    """The stand-in for data whose line would pass the cap: its size and the start of its JSON."""
+    text = canonical_json(dict(data)).decode("utf-8")
+    return {
+        "truncated": True,
+        "original_bytes": _utf8_len(text),
+        "json": clip_text(text, caps.line_bytes // 4),
+    }
+
+
+@attrs.define
+class Allowance:
+    """One channel's budget in one phase of one task, and what it dropped."""
+
+    channel: str
+    task: str
+    budget: int
+    used: int = 0
+    dropped: int = 0
+    dropped_bytes: int = 0
 
 
 class Recorder:
-    def __init__(self, path: Path, send: trio.MemorySendChannel[bytes]) -> None:
+    def __init__(
+        self, path: Path, send: trio.MemorySendChannel[bytes], *, tasks: int = 1, budgets: Mapping[str, int] = BUDGETS
+    ) -> None:
         self.path = path
         self.chain = ChainBuilder()
+        self.grammar = grammar.GrammarState()
         self._send = send
         self.counts: dict[str, int] = {}
+        self._budgets = {channel: total // max(1, tasks) for channel, total in budgets.items()}
+        self._open: dict[str, Allowance] = {}
 
     @property
     def head(self) -> str:
         return self.chain.head
 
+    # -- budgets -----------------------------------------------------------------------------------
+
+    def _channels(self, phase: str) -> list[str]:
+        return [name for name in self._budgets if name == phase or name.startswith(phase + ".")]
+
+    def open_channel(self, phase: str, task: str) -> None:
+        """Start charging the channels of ``phase`` (``agent``: ``agent.stdout``, ...) for ``task``,
+        each to a fresh share of its budget."""
+        for name in self._channels(phase):
+            self._open[name] = Allowance(name, task, self._budgets[name])
+
+    def admit(self, channel: str, size: int) -> bool:
+        """Whether the channel may write another event; if not, count it (``size``: its raw bytes) as dropped."""
+        allowance = self._open.get(channel)
+        if allowance is None or allowance.used < allowance.budget:
+            return True
+        allowance.dropped += 1
+        allowance.dropped_bytes += size
+        return False
+
+    def close_channel(self, phase: str) -> None:
+        """End the phase: for each of its channels that dropped events, an ``events_dropped`` event says how many."""
+        for name in self._channels(phase):
+            allowance = self._open.pop(name, None)
+            if allowance is not None and allowance.dropped:
+                data = {
+                    "task": allowance.task,
+                    "channel": name,
+                    "budget_bytes": allowance.budget,
+                    "events": allowance.dropped,
+                    "bytes": allowance.dropped_bytes,
+                }
+                self.emit("trusted_harness", "events_dropped", data)
+
+    # -- events ------------------------------------------------------------------------------------
+
     def emit(
         self,
         producer: str,
         kind: str,
-        data: dict[str, Any] | None = None,
+        data: Mapping[str, Any] | None = None,
         *,
         monotonic: float | None = None,
         wall_time: float | None = None,
-    ) -> None:
-        """Append one event. ``monotonic`` defaults to the harness clock (for harness events)."""
-        _, line = self.chain.append(
-            producer,
-            kind,
-            data or {},
-            wall_time=time.time() if wall_time is None else wall_time,
-            monotonic=time.monotonic() if monotonic is None else monotonic,
-        )
+        channel: str | None = None,
+    ) -> bool:
+        """Append one event (``monotonic`` defaults to the harness clock, for harness events); False
+        if it was refused instead (a refusal event is written in its place). ``channel``: the
+        budget it is charged to (:meth:`admit` decides beforehand whether it may be written)."""
+        refused = self._try(producer, kind, data or {}, wall_time, monotonic, channel)
+        if refused is None:
+            return True
+        reason, message = refused
+        note: dict[str, Any] = {"task": self.grammar.task, "reason": clip_text(f"{reason}: {message}", 1024)}
+        if producer == "untrusted_agent" and self.grammar.phase in (grammar.AGENT, grammar.POLICY):
+            refusal = "rejected_agent_event"
+        else:
+            refusal = "refused_event"
+            note |= {"producer": producer, "kind": clip_text(kind, 64) if isinstance(kind, str) else repr(kind)[:64]}
+        if self._try("trusted_harness", refusal, note, None, None, channel) is not None:
+            # the grammar refuses even the refusal: the harness emitted outside an open run (a bug)
+            raise RuntimeError(f"cannot record the refusal of {producer} {kind!r}: {message}")
+        return False
+
+    def _try(
+        self,
+        producer: str,
+        kind: str,
+        data: Mapping[str, Any],
+        wall_time: float | None,
+        monotonic: float | None,
+        channel: str | None,
+    ) -> tuple[str, str] | None:
+        """Write the event if it can be written and the grammar allows it; else (reason, message)."""
+        caps = CAPS.get(producer, _HARNESS_CAPS)
+        clipped = clip_data(data, caps)
+        wall = time.time() if wall_time is None else wall_time
+        mono = time.monotonic() if monotonic is None else monotonic
+        try:
+            event, line = self.chain.build(producer, kind, clipped, wall_time=wall, monotonic=mono)
+            if len(line) > caps.line_bytes:
+                event, line = self.chain.build(producer, kind, truncated_data(clipped, caps), wall_time=wall,
+                                               monotonic=mono)  # fmt: skip
+        except ValueError as exc:
+            return "unwritable", str(exc)
+        fault = self.grammar.event(self.chain.seq + 1, producer, kind, event["data"])
+        if fault is not None:
+            return fault.reason, fault.message
+        self.chain.commit(event)
         self.counts[producer] = self.counts.get(producer, 0) + 1
+        allowance = self._open.get(channel) if channel is not None else None
+        if allowance is not None:
+            allowance.used += len(line)
         self._send.send_nowait(line)
+        return None
 
 
 async def _writer(receive: trio.MemoryReceiveChannel[bytes], fh: IO[bytes]) -> None:
@@ -82,8 +276,8 @@ async def _drain(receive: trio.MemoryReceiveChannel[bytes], fh: IO[bytes]) -> No
 
 
 @asynccontextmanager
-async def open_recorder(path: Path) -> AsyncIterator[Recorder]:
-    """A recorder writing to ``path``; on exit every emitted line is on disk."""
+async def open_recorder(path: Path, *, tasks: int = 1, budgets: Mapping[str, int] = BUDGETS) -> AsyncIterator[Recorder]:
+    """A recorder writing to ``path`` for a run of ``tasks`` tasks; on exit every emitted line is on disk."""
     fh = await trio.to_thread.run_sync(lambda: open(path, "xb"))  # noqa: SIM115 - closed below
     send, receive = trio.open_memory_channel[bytes](math.inf)
     try:
@@ -91,7 +285,7 @@ async def open_recorder(path: Path) -> AsyncIterator[Recorder]:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_writer, receive, fh)
                 try:
-                    yield Recorder(path, send)
+                    yield Recorder(path, send, tasks=tasks, budgets=budgets)
                 finally:
                     send.close()
     finally:

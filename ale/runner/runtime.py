@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from ale.runner.sandbox import SandboxSpec
+from ale.runner.sandbox import Limits, SandboxSpec
 
 #: Called with ("stdout" | "stderr" | "event", one line of bytes without its newline).
 LineSink = Callable[[str, bytes], None]
@@ -77,6 +77,10 @@ class Runtime(Protocol):
 
     def attestation(self) -> dict[str, Any]:
         """What ran, for the bundle manifest (digests and how they were computed)."""
+
+    def open_workspace(self, workspace: Path, limits: Limits) -> AbstractAsyncContextManager[None]:
+        """Give a task's workspace folder its size- and inode-limited storage for as long as the
+        context lasts (the task's sandboxes and the harness use it inside); its contents go after."""
 
     def open_evaluator(self, spec: EvaluatorSpec) -> AbstractAsyncContextManager[EvaluatorHandle]:
         """Start the evaluator; enter once both endpoints accept calls; stop it on exit."""

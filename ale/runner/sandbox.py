@@ -4,7 +4,8 @@ Building the argv is pure; running it is :mod:`ale.runner.local`'s job. The sand
 network namespace access (a fresh, empty network namespace: loopback only), its own PID, IPC
 and UTS namespaces, a private size-limited /tmp, its workspace, the read-only task files, the
 evaluator's agent socket, and its own read-only Python environment (:mod:`ale.runner.agent_env`);
-nothing else of the host. As root it drops to an unprivileged uid (``setpriv``) with no
+nothing else of the host. Its command runs under a seccomp filter (:mod:`ale.runner.seccomp`).
+As root it drops to an unprivileged uid (``setpriv``) with no
 capabilities and ``no_new_privs``, so the process-count limit is enforced by the kernel.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -19,7 +21,7 @@ import attrs
 from ale.runner.agent_env import MOUNT_POINT as PYTHON_PATH
 from ale.runner.agent_env import AgentEnv
 
-SANDBOX_UID = 65534  # nobody
+SANDBOX_UID = 65534  # nobody: the sandbox uid without root (and without a claimed per-run uid)
 SOCKET_PATH = "/ale/evaluator.sock"
 TASK_PATH = "/task"
 WORKSPACE_PATH = "/workspace"
@@ -28,12 +30,14 @@ EVENT_FD = 3
 
 @attrs.frozen
 class Limits:
-    memory_bytes: int = 8 * 1024**3  # address space (RLIMIT_AS)
-    processes: int = 256  # RLIMIT_NPROC of the sandbox uid
+    memory_bytes: int = 8 * 1024**3  # address space of each process (RLIMIT_AS)
+    processes: int = 256  # the sandbox's cgroup pids.max, and RLIMIT_NPROC of the sandbox uid
     file_bytes: int = 1024**3  # largest file (RLIMIT_FSIZE)
     open_files: int = 1024
     tmp_bytes: int = 512 * 1024**2  # the private /tmp
-    workspace_bytes: int = 2 * 1024**3  # watched by the runtime
+    workspace_bytes: int = 2 * 1024**3  # the workspace filesystem's size, also watched by the runtime
+    sandbox_memory_bytes: int = 8 * 1024**3  # all the sandbox's processes together (its memory cgroup)
+    cpus: float = 1.0  # CPU quota of the sandbox's cgroup, in CPUs
 
 
 @attrs.frozen
@@ -78,14 +82,39 @@ def sandbox_path() -> str:
     return f"{PYTHON_PATH}/bin:/usr/bin:/bin"
 
 
-def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None = None) -> list[str]:
-    """The full command line: prlimit, bwrap with its mounts, setpriv (as root), the command."""
+#: The first process of a sandbox writes its pid into each cgroup.procs file named before "--",
+#: then execs the rest: everything the sandbox starts is in its cgroup from birth.
+ENTER_CGROUP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+def bwrap_argv(
+    spec: SandboxSpec,
+    *,
+    bwrap: str = "bwrap",
+    as_root: bool | None = None,
+    seccomp_fd: int | None = None,
+    uid: int = SANDBOX_UID,
+    tmp_dir: Path | None = None,
+    cgroup_procs: Sequence[str] = (),
+) -> list[str]:
+    """The full command line: the cgroup entry, prlimit, bwrap with its mounts, setpriv (as root), the command.
+
+    ``seccomp_fd`` is a descriptor the caller passes to the child holding the system-call filter
+    (:mod:`ale.runner.seccomp`); bwrap installs it on the sandbox's command, so that it and
+    everything it starts (the agent, its tools, the policy) runs under it. ``uid`` is the run's
+    own uid (as root), ``tmp_dir`` a host folder with a size- and inode-limited filesystem to be
+    the sandbox's /tmp (else bwrap's ``--size`` tmpfs), ``cgroup_procs`` the sandbox cgroup's
+    ``cgroup.procs`` files.
+    """
     as_root = os.geteuid() == 0 if as_root is None else as_root
     lim = spec.limits
+    argv = []
+    if cgroup_procs:
+        argv += ["/bin/sh", "-c", ENTER_CGROUP, "ale-enter-cgroup", *cgroup_procs, "--"]
     # timeout(1) sits between the harness and bwrap: bwrap's --die-with-parent then follows a process
     # that lives as long as the sandbox (not the harness's short-lived spawning thread), and even a
     # harness killed with SIGKILL cannot leave a sandbox running past its wall time.
-    argv = [
+    argv += [
         shutil.which("timeout") or "timeout",
         "--kill-after=5",
         f"{int(spec.wall_time_s) + 30}",
@@ -123,9 +152,12 @@ def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None 
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"):
         if os.path.exists(etc):
             argv += ["--ro-bind", etc, etc]
-    # The private /tmp comes before the read-only binds: a Python installation or checkout that
-    # lives under the host's /tmp (a CI clone, say) must stay visible on top of it.
-    argv += ["--perms", "1777", "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp"]
+    # The private /tmp comes before the interpreter's binds: an interpreter installed under the
+    # host's /tmp (a CI runner's tool cache, say) must stay visible on top of it.
+    if tmp_dir is not None:
+        argv += ["--bind", str(tmp_dir), "/tmp"]
+    else:
+        argv += ["--perms", "1777", "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp"]
     if spec.agent_env is None:
         raise ValueError("the sandbox needs the agent's Python environment (SandboxSpec.agent_env)")
     argv += _python_mounts(spec.agent_env)
@@ -138,14 +170,16 @@ def bwrap_argv(spec: SandboxSpec, *, bwrap: str = "bwrap", as_root: bool | None 
         "--bind" if spec.workspace_writable else "--ro-bind", str(spec.workspace), WORKSPACE_PATH,
         "--chdir", WORKSPACE_PATH,
     ]  # fmt: skip
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     for key, value in sorted(spec.env.items()):
         argv += ["--setenv", key, value]
     argv.append("--")
     if as_root:
         argv += [
             shutil.which("setpriv") or "/usr/bin/setpriv",
-            f"--reuid={SANDBOX_UID}",
-            f"--regid={SANDBOX_UID}",
+            f"--reuid={uid}",
+            f"--regid={uid}",
             "--clear-groups",
             "--inh-caps=-all",
             "--bounding-set=-all",

@@ -1,0 +1,403 @@
+"""The bundle's JSON documents as frozen attrs classes (parse, don't validate).
+
+Each of ``manifest.json``, ``score_breakdown.json``, ``faithfulness.json``,
+``network_summary.json``, ``artifacts_manifest.json`` and ``integrity.json`` is parsed with
+:func:`ale.core.parse.parse_json` and structured through the one cattrs converter (unknown members
+refused, strict types) into the classes below, which mirror the published JSON Schemas in
+``ale/schemas/`` member for member (a test compares them). ``task_results.json`` is
+:class:`ale.core.results.TaskResults`. Past this boundary the verifier handles typed values only.
+
+Self-elevation is looked for before anything else (:func:`find_elevation`): a member named like a
+verification level anywhere in a document is refused as ``self_elevation``, so the code names the
+attempt rather than the schema violation it also is.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import attrs
+
+from ale.core.parse import Scalar
+
+MANIFEST_SCHEMA = "ale-bundle-manifest/v1"
+FAITHFULNESS_SCHEMA = "ale-faithfulness/v1"
+NETWORK_SCHEMA = "ale-network-summary/v1"
+ARTIFACTS_SCHEMA = "ale-artifacts-manifest/v1"
+INTEGRITY_SCHEMA = "ale-bundle-integrity/v1"
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _digest(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+    if not _HEX64.fullmatch(value):
+        raise ValueError(f"{attr.name} must be 64 lowercase hex digits")
+
+
+def _is(name: str) -> Callable[[object, attrs.Attribute[str], str], None]:
+    def check(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+        if value != name:
+            raise ValueError(f"{attr.name} must be {name!r}")
+
+    return check
+
+
+def _true(_inst: object, attr: attrs.Attribute[bool], value: bool) -> None:
+    if value is not True:
+        raise ValueError(f"{attr.name} must be true")
+
+
+def _non_negative(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{attr.name} must not be negative")
+
+
+Genre = Literal["reproduction", "open"]
+Mode = Literal["interactive", "batch"]
+Digest = str
+
+# -- manifest.json ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Harness:
+    name: str
+    version: str
+
+
+@attrs.frozen
+class ReleaseRef:
+    name: str
+    manifest_sha256: Digest = attrs.field(validator=_digest)
+    required_task_set_hash: Digest = attrs.field(validator=_digest)
+
+
+@attrs.frozen
+class AgentPhase:
+    exit_status: int | None
+    stopped_for: Literal["", "wall_time", "env_steps", "disk", "cancelled", "evaluator_died"]
+    wall_time_s: float
+    env_steps: int = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen
+class ManifestTask:
+    id: str
+    version: str
+    digest: Digest = attrs.field(validator=_digest)
+    genre: Genre
+    mode: Mode
+    official_episodes: int = attrs.field(validator=_non_negative)
+    episodes_run: int = attrs.field(validator=_non_negative)
+    agent: AgentPhase
+
+    @property
+    def ref(self) -> str:
+        return f"{self.id}@{self.version}"
+
+
+def _declared(_inst: object, attr: attrs.Attribute[dict[str, Scalar]], value: dict[str, Scalar]) -> None:
+    for key in DECLARED_STRINGS:
+        if value.get(key) is not None and not isinstance(value[key], str):
+            raise ValueError(f"declared {key} must be a string or null")
+
+
+#: Members of ``agent.declared`` that are strings (or null) when present; the others are any JSON scalar.
+DECLARED_STRINGS = ("model", "effort")
+
+
+@attrs.frozen
+class Agent:
+    name: str
+    command: tuple[str, ...]
+    declared: dict[str, Scalar] = attrs.field(validator=_declared)  # the submitter's word, never scored
+
+
+@attrs.frozen
+class CodeAttestation:
+    kind: Literal["local-install"]
+    note: str
+    code_sha256: Digest = attrs.field(validator=_digest)
+    dependency_lock_sha256: Digest = attrs.field(validator=_digest)
+    python: str
+
+
+@attrs.frozen
+class SeccompDetails:
+    profile: str
+    source: str
+    arch: str
+    libseccomp: str
+    program_sha256: Digest = attrs.field(validator=_digest)
+
+
+@attrs.frozen
+class CgroupDetails:
+    version: Literal[1, 2]
+    parents: dict[str, str]
+
+
+@attrs.frozen
+class UidDetails:
+    range: tuple[int, int]
+
+
+@attrs.frozen
+class FilesystemDetails:
+    kind: Literal["tmpfs"]
+    bytes_per_inode: int = attrs.field(validator=_non_negative)
+
+
+def _facility_consistent(inst: Any, _a: Any, details: Any) -> None:
+    if inst.in_force != (details is not None) or inst.in_force != (inst.reason is None):
+        raise ValueError("a facility in force has details and no reason; a missing one a reason and no details")
+
+
+@attrs.frozen
+class SeccompFacility:
+    in_force: bool
+    reason: str | None
+    details: SeccompDetails | None = attrs.field(validator=_facility_consistent)
+
+
+@attrs.frozen
+class CgroupFacility:
+    in_force: bool
+    reason: str | None
+    details: CgroupDetails | None = attrs.field(validator=_facility_consistent)
+
+
+@attrs.frozen
+class UidFacility:
+    in_force: bool
+    reason: str | None
+    details: UidDetails | None = attrs.field(validator=_facility_consistent)
+
+
+@attrs.frozen
+class FilesystemFacility:
+    in_force: bool
+    reason: str | None
+    details: FilesystemDetails | None = attrs.field(validator=_facility_consistent)
+
+
+@attrs.frozen
+class Isolation:
+    """What of the sandbox's isolation this machine provided (``docs/agent-contract.md``)."""
+
+    seccomp: SeccompFacility
+    cgroup: CgroupFacility
+    uid: UidFacility
+    filesystems: FilesystemFacility
+
+
+@attrs.frozen
+class Runtime:
+    runtime: Literal["local"]
+    sandbox: Literal["bwrap"]
+    isolation: Isolation
+    code: CodeAttestation
+
+
+@attrs.frozen
+class Challenge:
+    nonce: str
+    token: str | None
+
+
+@attrs.frozen
+class TrajectorySummary:
+    schema: Literal["ale-trajectory-event/v1"]
+    events: int = attrs.field(validator=_non_negative)
+    chain_head: Digest = attrs.field(validator=_digest)
+
+
+@attrs.frozen
+class RunInfo:
+    completed: bool = attrs.field(validator=_true)
+    official_episode_counts: bool
+    started: str
+    finished: str
+
+
+@attrs.frozen
+class Manifest:
+    schema: str = attrs.field(validator=_is(MANIFEST_SCHEMA))
+    run_id: str
+    harness: Harness
+    release: ReleaseRef
+    tasks: tuple[ManifestTask, ...]
+    agent: Agent
+    runtime: Runtime
+    challenge: Challenge | None
+    trajectory: TrajectorySummary
+    run: RunInfo
+
+
+# -- score_breakdown.json ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class TaskScoreClaim:
+    task: str
+    genre: Genre
+    metric: str
+    direction: Literal["higher", "lower"]
+    measured: float
+    paper_value: float
+    gap: float
+    penalties: dict[str, float]
+    score: float
+    faithful: bool | None
+    final: float
+    episodes: int = attrs.field(validator=_non_negative)
+    passed: int = attrs.field(validator=_non_negative)
+    pass_rate: float
+
+
+@attrs.frozen
+class Categories:
+    overall: float | None
+    reproduction: float | None
+    open: float | None
+
+
+@attrs.frozen
+class AggregateClaim:
+    method: Literal["macro_mean"]
+    missing_tasks: Literal["exclude", "zero"]
+    macro_mean: float | None
+    categories: Categories
+    pass_rate: float | None
+    covered: tuple[str, ...]
+    missing: tuple[str, ...]
+    extra: tuple[str, ...]
+    coverage_complete: bool
+    required_task_set_hash: Digest = attrs.field(validator=_digest)
+
+
+@attrs.frozen
+class ScoreBreakdown:
+    schema: str = attrs.field(validator=_is("ale-score-breakdown/v1"))
+    release: str
+    cap: float
+    eps: float
+    tasks: tuple[TaskScoreClaim, ...]
+    aggregate: AggregateClaim
+
+
+# -- faithfulness.json, network_summary.json, artifacts_manifest.json -------------------------
+
+
+@attrs.frozen
+class Verdict:
+    verdict: bool | None
+    judge: str | None
+    reason: str
+
+
+@attrs.frozen
+class Faithfulness:
+    schema: str = attrs.field(validator=_is(FAITHFULNESS_SCHEMA))
+    tasks: dict[str, Verdict]
+
+
+@attrs.frozen
+class Requests:
+    total: int = attrs.field(validator=_non_negative)
+    allowed: int = attrs.field(validator=_non_negative)
+    denied: int = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen
+class Usage:
+    input_tokens: int = attrs.field(validator=_non_negative)
+    output_tokens: int = attrs.field(validator=_non_negative)
+
+
+@attrs.frozen
+class NetworkSummary:
+    schema: str = attrs.field(validator=_is(NETWORK_SCHEMA))
+    proxy: None
+    policy: str
+    requests: Requests
+    usage: Usage
+
+
+@attrs.frozen
+class Artifact:
+    task: str
+    path: str
+    bytes: int = attrs.field(validator=_non_negative)
+    sha256: Digest = attrs.field(validator=_digest)
+
+
+@attrs.frozen
+class ArtifactsManifest:
+    schema: str = attrs.field(validator=_is(ARTIFACTS_SCHEMA))
+    artifacts: tuple[Artifact, ...]
+
+
+# -- integrity.json ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Signature:
+    algorithm: Literal["ed25519"]
+    key_id: Digest = attrs.field(validator=_digest)
+    public_key: str
+    value: str
+
+
+@attrs.frozen
+class Integrity:
+    schema: str = attrs.field(validator=_is(INTEGRITY_SCHEMA))
+    files: dict[str, Digest]
+    merkle_root: Digest = attrs.field(validator=_digest)
+    chain_head: Digest = attrs.field(validator=_digest)
+    signature: Signature | None
+
+
+#: Each JSON file of a bundle and the class it is parsed into (task_results.json: ale.core.results).
+DOCUMENT_CLASSES: dict[str, type] = {
+    "manifest.json": Manifest,
+    "score_breakdown.json": ScoreBreakdown,
+    "faithfulness.json": Faithfulness,
+    "network_summary.json": NetworkSummary,
+    "artifacts_manifest.json": ArtifactsManifest,
+    "integrity.json": Integrity,
+}
+
+# -- self-elevation ---------------------------------------------------------------------------
+
+#: Member names that would claim a verification level: the verifier assigns levels, no upload does.
+#: (``status`` is a level-like query parameter for the API, but a legitimate member of
+#: task_results.json, so documents are not searched for it.)
+ELEVATION_MEMBERS = frozenset({"level", "verification_level", "verified", "audited", "officially_verified"})
+
+
+def _normalised(key: str) -> str:
+    return key.strip().lower().replace("-", "_").replace(" ", "_")
+
+
+def _members(value: Any, path: str) -> Iterator[tuple[str, str]]:
+    """Every (path, member name) of a parsed JSON value, without recursion (depth is bounded by the parser)."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                yield where, key
+                stack.append((child, f"{where}.{key}"))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in enumerate(item))
+
+
+def find_elevation(document: Any) -> str | None:
+    """The path of the first member that claims a level (``level``, ``verified``, ...), or None.
+
+    Names are compared case-insensitively, with ``-`` and spaces read as ``_``."""
+    found = sorted(f"{where}.{key}" for where, key in _members(document, "") if _normalised(key) in ELEVATION_MEMBERS)
+    return found[0].lstrip(".") if found else None
