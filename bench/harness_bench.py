@@ -10,6 +10,9 @@ Run: .venv/bin/python bench/harness_bench.py [--quick] [--out bench/results/harn
    the trajectory's harness events). Median of several runs.
 3. Sandbox start and teardown: the local runtime running ``/bin/true`` with all the isolation the
    machine provides (cgroup, tmpfs /tmp, seccomp, per-run uid), and the cost of its ``check()``.
+4. The agent's Python environment (ale/runner/agent_env.py): its first build on a machine
+   (a fresh cache folder: once per machine and content) and the per-run cost once it is cached
+   (the digest and a lookup), which is part of the overhead above.
 """
 
 from __future__ import annotations
@@ -111,7 +114,8 @@ def _span(events: list[dict], start: str, end: str) -> float:
 
 def bench_overhead(runs: int, episodes: int) -> dict:
     samples = []
-    python = str(Path(sys.prefix) / "bin" / "python")
+    from ale.runner.agent_env import PYTHON as python  # the sandbox's own interpreter
+
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as out:
             started = time.perf_counter()
@@ -135,6 +139,36 @@ def bench_overhead(runs: int, episodes: int) -> dict:
             "overhead_fraction_of_wall": med["overhead_s"] / med["wall_s"]}  # fmt: skip
 
 
+def bench_agent_env(builds: int, lookups: int) -> dict:
+    """The agent environment's first build (into a fresh cache folder) and its warm per-run cost."""
+    import shutil
+
+    from ale.runner import agent_env
+
+    cold = []
+    for _ in range(builds):
+        cache = Path(tempfile.mkdtemp(prefix="ale-bench-env-"))
+        try:
+            started = time.perf_counter()
+            env = agent_env.ensure(cache_dir=cache / "agent-env")
+            cold.append(time.perf_counter() - started)
+        finally:
+            shutil.rmtree(cache, ignore_errors=True)
+    agent_env.ensure()  # the default cache, as `ale run` uses it
+    warm = []
+    for _ in range(lookups):
+        started = time.perf_counter()
+        agent_env.ensure()
+        warm.append(time.perf_counter() - started)
+    return {
+        "first_build_median_s": statistics.median(cold),
+        "warm_ensure_median_s": statistics.median(warm),
+        "warm_ensure_min_s": min(warm),
+        "files": len(agent_env.plan().dist_files),
+        "distributions": list(env.distributions),
+    }
+
+
 def _sandbox_folder() -> Path:
     folder = Path(tempfile.mkdtemp(prefix="ale-bench-"))
     (folder / "ws").mkdir()
@@ -148,6 +182,7 @@ async def _sandbox_starts(n: int) -> dict:
     import shutil
     import socket
 
+    from ale.runner import agent_env
     from ale.runner.local import LocalRuntime
     from ale.runner.sandbox import SandboxSpec
 
@@ -162,6 +197,7 @@ async def _sandbox_starts(n: int) -> dict:
         spec = SandboxSpec(
             command=("/bin/true",), workspace=folder / "ws", workspace_writable=True, task_dir=folder / "task",
             evaluator_socket=folder / "e.sock", env={"PATH": "/usr/bin:/bin"},
+            agent_env=agent_env.ensure(),  # built once, as the harness does; measured on its own below
         )  # fmt: skip
         times = []
         for _ in range(n):
@@ -190,6 +226,7 @@ def main() -> None:
     n, rounds, runs = (5_000, 1, 1) if args.quick else (50_000, 3, 3)
     recording = bench_recording(n, rounds)
     overhead = bench_overhead(runs, episodes=5)
+    env = bench_agent_env(1 if args.quick else 3, 5 if args.quick else 20)
     starts = trio.run(_sandbox_starts, 5 if args.quick else 30)
     print(f"trajectory recording ({n} events, median of {rounds}):")
     print(f"  chained (RFC 8785 + SHA-256 chain + writer thread): {recording['chained_events_per_s']:,.0f} events/s")
@@ -207,6 +244,10 @@ def main() -> None:
     med, low = starts["start_and_teardown_median_s"], starts["start_and_teardown_min_s"]
     print(f"  {med * 1000:.1f} ms (min {low * 1000:.1f} ms)")
     print(f"  runtime check() (probes, seccomp compile): {starts['check_s'] * 1000:.0f} ms")
+    print(f"agent environment ({env['files']} distribution files, {len(env['distributions'])} distributions):")
+    print(f"  first build on a machine: {env['first_build_median_s']:.2f} s (median of {1 if args.quick else 3})")
+    warm, ratio = env["warm_ensure_median_s"], env["warm_ensure_median_s"] / m["overhead_s"]
+    print(f"  per run once cached: {warm * 1000:.0f} ms ({ratio:.0%} of the harness overhead)")
     result = {
         "benchmark": "harness",
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -214,6 +255,7 @@ def main() -> None:
         "quick": args.quick,
         "recording": recording,
         "overhead": overhead,
+        "agent_env": env,
         "sandbox_start": starts,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -5,15 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from ale.runner import sandbox
+from ale.runner import agent_env, sandbox
 from ale.runner.sandbox import SandboxSpec
 
-PY = str(Path(sys.prefix) / "bin" / "python")
+PY = agent_env.PYTHON  # the sandbox's own interpreter (docs/agent-contract.md)
 
 
 class Box:

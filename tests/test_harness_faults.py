@@ -30,7 +30,7 @@ import trio
 from ale import catalog
 from ale.core.canonical import canonical_json
 from ale.core.trajectory import verify_chain
-from ale.runner import bundle_writer
+from ale.runner import agent_env, bundle_writer
 from ale.runner.harness import AgentSpec, Harness, RunError, RunOptions, RunRecord
 from ale.runner.inspect import offline_check
 from ale.runner.local import KILL_GRACE_S, MAX_STREAM_BYTES, LocalRuntime
@@ -39,7 +39,7 @@ from ale.runner.recorder import BUDGETS
 from ale.runner.runtime import EvaluatorSpec, LineSink, SandboxResult
 from ale.runner.sandbox import Limits, SandboxSpec
 
-PY = str(Path(sys.prefix) / "bin" / "python")
+PY = agent_env.PYTHON  # the sandbox's own interpreter
 CARTPOLE = "cartpole-balance"
 PENDULUM = "pendulum-lqr"
 

@@ -19,7 +19,6 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,12 +31,12 @@ from sandbox_tools import missing
 
 from ale import catalog
 from ale.client import AleEnvClient
-from ale.runner import sandbox
+from ale.runner import agent_env, sandbox
 from ale.runner.local import LocalRuntime
 from ale.runner.runtime import EvaluatorSpec, EvaluatorStartError, Runtime, SandboxResult
 from ale.runner.sandbox import Limits, SandboxSpec
 
-PY = str(Path(sys.prefix) / "bin" / "python")
+PY = agent_env.PYTHON  # the sandbox's own interpreter (docs/agent-contract.md)
 TASK = "cartpole-balance"
 KILL_GRACE_S = 5.0  # docs/agent-contract.md: SIGTERM, then SIGKILL after 5 s
 MAX_LINE = 64 * 1024
@@ -408,6 +407,36 @@ class RuntimeConformance:
         assert not reached
         # docs/agent-contract.md: "no TCP, UDP or DNS; loopback only": the sandbox's own loopback works.
         assert report["own_loopback"] == "connected"
+
+    async def test_the_agents_python_is_its_own(self, runtime: Runtime, box: Box) -> None:
+        """``python3`` on PATH is the agent environment's (docs/agent-contract.md, "The agent's Python
+        environment"): the client library imports, the harness and the evaluator do not, and the
+        environment is read-only."""
+        code = (
+            "import errno, json, sys\n"
+            "import ale.client, ale.policy, ale.protocol\n"
+            "r = {'prefix': sys.prefix, 'executable': sys.executable, 'importable': []}\n"
+            "for m in ('ale.runner', 'ale.agents', 'ale.core.release', 'ale_evaluator', 'trio'):\n"
+            "    try:\n"
+            "        __import__(m)\n"
+            "        r['importable'].append(m)\n"
+            "    except ImportError:\n"
+            "        pass\n"
+            "try:\n"
+            "    open(sys.prefix + '/probe', 'w')\n"
+            "    r['write'] = 'written'\n"
+            "except OSError as exc:\n"
+            "    r['write'] = errno.errorcode[exc.errno]\n"
+            "print('REPORT ' + json.dumps(r), flush=True)\n"
+        )
+        lines = Lines()
+        result = await runtime.run_sandboxed(attrs.evolve(box.spec(code), command=("python3", "-c", code)), lines)
+        assert result.exit_status == 0, lines.lines
+        report = lines.report()
+        assert report["prefix"] == agent_env.MOUNT_POINT
+        assert report["executable"] == f"{agent_env.MOUNT_POINT}/bin/python3"
+        assert report["importable"] == []
+        assert report["write"] == "EROFS", report
 
     async def test_agent_contract_paths(self, runtime: Runtime, box: Box) -> None:
         """/workspace (writable), /task (read-only), /ale/evaluator.sock, HOME, cwd: for every runtime."""

@@ -4,8 +4,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ale.runner import sandbox
+import pytest
+
+from ale.runner import agent_env, sandbox
+from ale.runner.agent_env import AgentEnv, Interpreter
 from ale.runner.sandbox import SandboxSpec, bwrap_argv
+
+INTERPRETER = Interpreter(
+    executable="/tmp/ci-tool-cache/python3.11/bin/python3.11",
+    version="3.11",
+    binds=("/tmp/ci-tool-cache/python3.11/bin/python3.11", "/tmp/ci-tool-cache/python3.11/lib"),
+    hidden=("/tmp/ci-tool-cache/python3.11/lib/python3.11/site-packages", "/usr/lib/python3/dist-packages"),
+)
+
+
+def _env(tmp_path: Path) -> AgentEnv:
+    return AgentEnv(
+        root=tmp_path / "agent-env",
+        digest="0" * 64,
+        interpreter=INTERPRETER,
+        modules=("ale", "ale.client"),
+        distributions=("numpy==2.0",),
+    )
 
 
 def _spec(tmp_path: Path) -> SandboxSpec:
@@ -16,19 +36,61 @@ def _spec(tmp_path: Path) -> SandboxSpec:
         task_dir=tmp_path / "task",
         evaluator_socket=tmp_path / "a.sock",
         env={"PATH": "/usr/bin"},
+        agent_env=_env(tmp_path),
     )
 
 
-def test_private_tmp_is_mounted_before_python_roots_under_tmp(tmp_path: Path, monkeypatch) -> None:
-    """A checkout under the host's /tmp (a CI clone) must not be hidden by the sandbox's /tmp."""
-    checkout = Path("/tmp/some-ci-clone/ale")
-    monkeypatch.setattr(sandbox, "_python_roots", lambda: [Path("/usr/lib/python3"), checkout])
+def _ro_binds(argv: list[str]) -> list[tuple[int, str, str]]:
+    return [(i, argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == "--ro-bind"]
+
+
+def test_private_tmp_is_mounted_before_an_interpreter_under_tmp(tmp_path: Path) -> None:
+    """An interpreter under the host's /tmp (a CI tool cache) must not be hidden by the sandbox's /tmp."""
     argv = bwrap_argv(_spec(tmp_path), as_root=True)
     tmpfs = argv.index("--tmpfs")
     assert argv[tmpfs + 1] == "/tmp"
-    binds = [i for i, a in enumerate(argv) if a == "--ro-bind" and argv[i + 1] == str(checkout)]
-    assert binds, "the checkout is bound"
+    binds = [i for i, src, _ in _ro_binds(argv) if src.startswith("/tmp/ci-tool-cache")]
+    assert len(binds) == 2, "the interpreter's binary and its lib folder are bound"
     assert all(i > tmpfs for i in binds)
+
+
+def test_agent_env_is_mounted_read_only_at_its_mount_point(tmp_path: Path) -> None:
+    argv = bwrap_argv(_spec(tmp_path), as_root=True)
+    assert (str(tmp_path / "agent-env"), agent_env.MOUNT_POINT) in [(s, d) for _, s, d in _ro_binds(argv)]
+    assert sandbox.sandbox_path().startswith(f"{agent_env.MOUNT_POINT}/bin:")
+
+
+def test_hidden_folders_are_covered_by_the_empty_folder_after_their_tree(tmp_path: Path) -> None:
+    """The base installation's site-packages lies inside a bound tree: an empty folder goes over it, later."""
+    argv = bwrap_argv(_spec(tmp_path), as_root=True)
+    binds = _ro_binds(argv)
+    empty = str(tmp_path / "agent-env" / "empty")
+    for hidden in INTERPRETER.hidden:
+        over = [i for i, src, dst in binds if dst == hidden]
+        assert over, hidden
+        assert all(binds[[b[0] for b in binds].index(i)][1] == empty for i in over)
+        containing = [i for i, src, dst in binds if hidden.startswith(dst + "/")]
+        assert containing, f"{hidden} is inside a bound tree"
+        assert max(containing) < min(over), "the empty folder must come after the tree it covers"
+
+
+def test_no_host_python_install_is_bound(tmp_path: Path) -> None:
+    """Only the system trees, the interpreter's own files, /etc pieces, the agent's environment and the task."""
+    spec = _spec(tmp_path)
+    argv = bwrap_argv(spec, as_root=True)
+    allowed = {"/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", *INTERPRETER.binds}
+    allowed |= {str(spec.agent_env.root), str(spec.agent_env.empty), str(spec.task_dir), str(spec.workspace)}
+    for _, src, _dst in _ro_binds(argv):
+        assert src in allowed or src.startswith("/etc/"), src
+    assert not any(a.endswith("site-packages") for _, a, _ in _ro_binds(argv)), "no host site-packages as a source"
+
+
+def test_a_spec_without_an_agent_env_is_refused(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    import attrs
+
+    with pytest.raises(ValueError, match="agent_env"):
+        bwrap_argv(attrs.evolve(spec, agent_env=None), as_root=True)
 
 
 def test_root_drops_to_the_sandbox_uid_without_capabilities(tmp_path: Path) -> None:
@@ -49,14 +111,15 @@ def test_timeout_bounds_the_sandbox_beyond_its_wall_time(tmp_path: Path) -> None
     assert int(argv[2]) == int(spec.wall_time_s) + 30
 
 
-def test_a_limited_tmp_is_bound_before_python_roots_under_tmp(tmp_path: Path, monkeypatch) -> None:
-    checkout = Path("/tmp/some-ci-clone/ale")
-    monkeypatch.setattr(sandbox, "_python_roots", lambda: [Path("/usr/lib/python3"), checkout])
+def test_a_limited_tmp_is_bound_before_an_interpreter_under_tmp(tmp_path: Path) -> None:
+    """The size- and inode-limited /tmp (a host folder) too comes before the interpreter's binds."""
     argv = bwrap_argv(_spec(tmp_path), as_root=True, tmp_dir=Path("/tmp/ale-tmp-x"))
     bind = argv.index("/tmp/ale-tmp-x")
     assert argv[bind - 1 : bind + 2] == ["--bind", "/tmp/ale-tmp-x", "/tmp"]
     assert "--tmpfs" not in argv
-    assert all(i > bind for i, a in enumerate(argv) if a == "--ro-bind" and argv[i + 1] == str(checkout))
+    binds = [i for i, src, _ in _ro_binds(argv) if src.startswith("/tmp/ci-tool-cache")]
+    assert len(binds) == 2
+    assert all(i > bind for i in binds)
 
 
 def test_the_sandbox_enters_its_cgroup_before_anything_else(tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ import re
 import secrets
 import shutil
 import socket
-import sys
 import tempfile
 import types
 from collections.abc import Iterator
@@ -28,14 +27,14 @@ import pytest
 import trio
 
 from ale import catalog
+from ale.runner import agent_env, uids
 from ale.runner import harness as harness_module
-from ale.runner import uids
 from ale.runner.harness import AgentSpec, Harness, RunOptions
 from ale.runner.local import LocalRuntime
 from ale.runner.progress import PlainProgress
 from ale.runner.sandbox import SANDBOX_UID, sandbox_path
 
-PY = str(Path(sys.prefix) / "bin" / "python")
+PY = agent_env.PYTHON  # the sandbox's own interpreter
 TASK = "cartpole-balance"
 AGENT_TIME_S = 40.0
 SECRET = hashlib.sha256(b"ale sandbox isolation test: the planted run-config secret").hexdigest()
@@ -225,9 +224,9 @@ print(__REPORT_PREFIX__ + json.dumps(R), flush=True)
 
 
 def _python_roots() -> list[str]:
-    from ale.runner import sandbox
-
-    return [str(p) for p in sandbox._python_roots()]
+    """The agent's environment and the interpreter's trees, where the sandbox shows them."""
+    env = agent_env.ensure()
+    return [agent_env.MOUNT_POINT, *env.interpreter.binds, *env.interpreter.hidden]
 
 
 def _host_nameserver() -> str:
@@ -476,10 +475,7 @@ def test_task_folder_is_a_read_only_mount(report: dict[str, Any]) -> None:
 
 def test_nothing_else_of_the_host_is_mounted(report: dict[str, Any]) -> None:
     """Every mount is one the contract names; host folders come in read-only."""
-    from ale.runner import sandbox
-
     roots = set(_python_roots())
-    roots |= {str(p) for p in sandbox.hidden_paths()}  # the harness's parts of them, covered read-only
     writable = {"/", "/tmp", "/workspace", "/ale/evaluator.sock", "/proc"}
     host_read_only = {"/usr", "/task", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"}
     for point, options in report["mounts"].items():
@@ -512,7 +508,7 @@ def test_contract_environment(report: dict[str, Any]) -> None:
         "PATH": sandbox_path(),
     }
     assert {k: env[k] for k in expected} == expected
-    assert env["PATH"].startswith(str(Path(sys.prefix) / "bin") + ":")
+    assert env["PATH"].startswith(f"{agent_env.MOUNT_POINT}/bin:")
     assert env["ALE_EVENT_FD"].isdigit()
 
 

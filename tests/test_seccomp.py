@@ -15,7 +15,6 @@ import os
 import shutil
 import socket
 import struct
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,11 +23,11 @@ from typing import Any
 import pytest
 from sandbox_tools import backends, make_runtime, missing, need_bwrap
 
-from ale.runner import sandbox, seccomp
+from ale.runner import agent_env, sandbox, seccomp
 from ale.runner.local import LocalRuntime
 from ale.runner.sandbox import SandboxSpec
 
-PY = str(Path(sys.prefix) / "bin" / "python")
+PY = agent_env.PYTHON  # the sandbox's own interpreter (docs/agent-contract.md)
 AUDIT_ARCH_I386 = 0x40000003
 X32_SYSCALL_BIT = 0x40000000
 RET_ALLOW = 0x7FFF0000
@@ -385,6 +384,13 @@ def test_the_argv_hands_the_filter_to_bwrap(tmp_path: Path) -> None:
         task_dir=tmp_path,
         evaluator_socket=tmp_path / "s",
         env={},
+        agent_env=agent_env.AgentEnv(
+            root=tmp_path / "agent-env",
+            digest="0" * 64,
+            interpreter=agent_env.Interpreter(executable="/usr/bin/python3", version="3.11", binds=(), hidden=()),
+            modules=("ale", "ale.client"),
+            distributions=(),
+        ),
     )
     argv = sandbox.bwrap_argv(spec, as_root=True, seccomp_fd=9)
     i = argv.index("--seccomp")

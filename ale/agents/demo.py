@@ -14,30 +14,30 @@ A task it does not know gets the random baseline (:mod:`ale.agents.random_agent`
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
+from ale.agents import _cartpole, _hopper, _pendulum, _reacher, random_agent
 from ale.agents._common import AgentContext, run_main
 
-SOLVERS: dict[str, str] = {
-    "cartpole-balance": "ale.agents._cartpole",
-    "pendulum-lqr": "ale.agents._pendulum",
-    "reacher-jacobian": "ale.agents._reacher",
-    "hopper-hop": "ale.agents._hopper",
+# Imported, not named by string: the agent's environment holds the modules its imports reach
+# (ale.runner.agent_env follows import statements only).
+SOLVERS: dict[str, Callable[[AgentContext], None]] = {
+    "cartpole-balance": _cartpole.solve,
+    "pendulum-lqr": _pendulum.solve,
+    "reacher-jacobian": _reacher.solve,
+    "hopper-hop": _hopper.solve,
 }
 
 
 def solver_for(task_id: str) -> Callable[[AgentContext], None]:
-    module = SOLVERS.get(task_id)
-    if module is None:
-        from ale.agents import random_agent
+    solve = SOLVERS.get(task_id)
+    if solve is None:
 
         def fallback(ctx: AgentContext) -> None:
             ctx.note(f"no demo solver for task {task_id!r}; writing the random baseline instead")
             random_agent.solve(ctx)
 
         return fallback
-    solve: Callable[[AgentContext], None] = importlib.import_module(module).solve
     return solve
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from ale import __version__, catalog
+from ale.runner import agent_env
 from ale.runner.harness import AgentSpec
 
 if TYPE_CHECKING:
@@ -43,8 +44,10 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
         raise CliError(
             f"unknown bundled agent {args.agent!r}; choose from {', '.join(BUNDLED_AGENTS)} or use --agent-cmd"
         )
-    python = str(Path(sys.prefix) / "bin" / "python")
-    return AgentSpec(name=f"ale-{args.agent}", command=(python, "-m", module), declared=declared, bundled=True)
+    # The sandbox's own interpreter; the agent's modules go into its environment (agent_env).
+    return AgentSpec(
+        name=f"ale-{args.agent}", command=(agent_env.PYTHON, "-m", module), declared=declared, modules=(module,)
+    )
 
 
 def _release(args: argparse.Namespace) -> tuple[ReleaseManifest, str, str]:

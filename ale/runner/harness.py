@@ -40,6 +40,7 @@ from ale.core.results import TASK_RESULTS_SCHEMA
 from ale.core.trajectory import MAX_LINE_DEPTH
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import MAX_POLICY_BYTES
+from ale.runner import agent_env
 from ale.runner._groups import collapse
 from ale.runner.progress import Progress
 from ale.runner.recorder import Recorder, clip_text, open_recorder
@@ -69,7 +70,7 @@ class AgentSpec:
     name: str
     command: tuple[str, ...]
     declared: dict[str, Any] = attrs.Factory(dict)  # model, effort tier: submitter-declared
-    bundled: bool = False  # one of ale.agents: the sandbox leaves their source visible
+    modules: tuple[str, ...] = ()  # ale modules of a bundled agent, put into its environment (agent_env)
 
 
 @attrs.frozen
@@ -382,6 +383,7 @@ class Harness:
         self.progress = progress
         self.run_id = f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
         self._signalled = False
+        self._agent_env: agent_env.AgentEnv | None = None  # built by _setup
 
     def _env(self, task: catalog.Task) -> dict[str, str]:
         s = task.spec
@@ -483,6 +485,10 @@ class Harness:
         """Blocking set-up, run in a worker thread: check the runtime, attest, make the run folder."""
         self.runtime.check()
         attestation = self.runtime.attestation()
+        try:
+            self._agent_env = agent_env.ensure(self.options.agent.modules)
+        except agent_env.AgentEnvError as exc:
+            raise RunError(f"cannot assemble the agent's Python environment: {exc}") from None
         root = Path(tempfile.mkdtemp(prefix="ale-run-", dir=self.options.workdir))
         root.chmod(0o711)  # the sandbox uid may traverse to its bind sources, not list them
         (root / "private").mkdir(mode=0o700)
@@ -600,7 +606,7 @@ class Harness:
                 env=self._env(task),
                 limits=self.options.limits,
                 wall_time_s=budget_s,
-                sees_bundled_agents=self.options.agent.bundled,
+                agent_env=self._agent_env,
             ),
             _agent_sink(rec, s.ref),
             should_stop=should_stop,
@@ -756,6 +762,7 @@ class Harness:
                 env=env,
                 limits=self.options.limits,
                 wall_time_s=deadline.remaining(),
+                agent_env=self._agent_env,
             ),
             _agent_sink(rec, task.spec.ref, "policy_", "policy"),
             should_stop=should_stop,

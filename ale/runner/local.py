@@ -21,7 +21,7 @@ import trio
 import trio.lowlevel
 
 from ale.core import attestation
-from ale.runner import isolation, sandbox, seccomp
+from ale.runner import agent_env, isolation, sandbox, seccomp
 from ale.runner._groups import collapse
 from ale.runner.isolation import SandboxResources
 from ale.runner.runtime import (
@@ -332,6 +332,11 @@ class LocalRuntime:
         *,
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
+        if spec.agent_env is None:  # the client library alone
+            try:
+                spec = attrs.evolve(spec, agent_env=await trio.to_thread.run_sync(agent_env.ensure))
+            except agent_env.AgentEnvError as exc:
+                raise SandboxError(str(exc)) from None
         async with self.isolation.open_sandbox(spec) as resources:
             return await self._supervise(spec, sink, should_stop, resources)
 

@@ -3,10 +3,8 @@
 Building the argv is pure; running it is :mod:`ale.runner.local`'s job. The sandbox gets no
 network namespace access (a fresh, empty network namespace: loopback only), its own PID, IPC
 and UTS namespaces, a private size-limited /tmp, its workspace, the read-only task files, the
-evaluator's agent socket, and the read-only Python installation that carries ``ale.client``
-with the harness's parts of it (:data:`HARNESS_ONLY_IN_PACKAGE`, the bundled agents unless the
-agent is one, the evaluator and verifier packages) covered by empty folders; nothing else of the
-host. Its command runs under a seccomp filter (:mod:`ale.runner.seccomp`).
+evaluator's agent socket, and its own read-only Python environment (:mod:`ale.runner.agent_env`);
+nothing else of the host. Its command runs under a seccomp filter (:mod:`ale.runner.seccomp`).
 As root it drops to an unprivileged uid (``setpriv``) with no
 capabilities and ``no_new_privs``, so the process-count limit is enforced by the kernel.
 """
@@ -15,11 +13,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
+
+from ale.runner.agent_env import MOUNT_POINT as PYTHON_PATH
+from ale.runner.agent_env import AgentEnv
 
 SANDBOX_UID = 65534  # nobody: the sandbox uid without root (and without a claimed per-run uid)
 SOCKET_PATH = "/ale/evaluator.sock"
@@ -50,50 +50,28 @@ class SandboxSpec:
     env: dict[str, str]
     limits: Limits = Limits()
     wall_time_s: float = 3600.0
-    sees_bundled_agents: bool = False  # the agent is one of ale.agents: their source stays visible
+    agent_env: AgentEnv | None = None  # the agent's Python (ale.runner.agent_env); the runtime's default when None
 
 
 class SandboxUnavailable(RuntimeError):
     """Bubblewrap cannot isolate the agent on this machine."""
 
 
-def _python_roots() -> list[Path]:
-    """What the sandbox needs to run Python with ``ale.client``: the interpreter and the packages."""
-    import ale
-
-    roots = {Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve()}
-    package = Path(ale.__file__).resolve().parent
-    if not any(package.is_relative_to(r) for r in roots):
-        roots.add(package)  # an editable install: bind the package folder where it is
-    # Fold roots that sit inside another root.
-    ordered = sorted(roots, key=lambda p: len(p.parts))
-    return [r for i, r in enumerate(ordered) if not any(r.is_relative_to(o) for o in ordered[:i])]
-
-
-#: Parts of the installed ``ale`` package that are the harness's, not the agent's: every release
-#: manifest (the paper targets), every task's paper and definition, the harness itself, and the
-#: bundled agents (reference solutions; visible only to a bundled agent).
-HARNESS_ONLY_IN_PACKAGE = ("releases", "tasks", "runner")
-BUNDLED_AGENTS_IN_PACKAGE = "agents"
-#: The distribution's other packages: the evaluator, the verifier, the site.
-HARNESS_ONLY_PACKAGES = ("ale_evaluator", "ale_verify", "ale_site")
-
-
-def hidden_paths(*, sees_bundled_agents: bool = False) -> list[Path]:
-    """Folders inside the sandbox's read-only Python roots that are covered by an empty one."""
-    import importlib.util
-
-    import ale
-
-    package = Path(ale.__file__).resolve().parent
-    names = HARNESS_ONLY_IN_PACKAGE + (() if sees_bundled_agents else (BUNDLED_AGENTS_IN_PACKAGE,))
-    hidden = [package / name for name in names]
-    for name in HARNESS_ONLY_PACKAGES:
-        spec = importlib.util.find_spec(name)  # finds, does not import
-        if spec is not None and spec.submodule_search_locations:
-            hidden += [Path(p).resolve() for p in spec.submodule_search_locations]
-    roots = _python_roots()
-    return [p for p in hidden if p.is_dir() and any(p.is_relative_to(r) for r in roots)]
+def _python_mounts(env: AgentEnv) -> list[str]:
+    """The agent's own environment at PYTHON_PATH, the interpreter's standard library at its own
+    path, and an empty folder over whatever of the host's installation those trees would show."""
+    argv: list[str] = []
+    made: set[Path] = set()
+    for bind in env.interpreter.binds:
+        for parent in _parents(Path(bind)):
+            if parent not in made and not str(parent).startswith("/usr"):
+                argv += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+        argv += ["--ro-bind", bind, bind]
+    for hidden in env.interpreter.hidden:
+        argv += ["--ro-bind", str(env.empty), hidden]
+    # The mount point's parent is made here: bwrap would make a missing one 0700.
+    return [*argv, "--perms", "0755", "--dir", str(Path(PYTHON_PATH).parent), "--ro-bind", str(env.root), PYTHON_PATH]
 
 
 def _parents(path: Path) -> list[Path]:
@@ -101,7 +79,7 @@ def _parents(path: Path) -> list[Path]:
 
 
 def sandbox_path() -> str:
-    return f"{Path(sys.prefix) / 'bin'}:/usr/bin:/bin"
+    return f"{PYTHON_PATH}/bin:/usr/bin:/bin"
 
 
 #: The first process of a sandbox writes its pid into each cgroup.procs file named before "--",
@@ -174,21 +152,15 @@ def bwrap_argv(
     for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"):
         if os.path.exists(etc):
             argv += ["--ro-bind", etc, etc]
-    # The private /tmp comes before the read-only binds: a Python installation or checkout that
-    # lives under the host's /tmp (a CI clone, say) must stay visible on top of it.
+    # The private /tmp comes before the interpreter's binds: an interpreter installed under the
+    # host's /tmp (a CI runner's tool cache, say) must stay visible on top of it.
     if tmp_dir is not None:
         argv += ["--bind", str(tmp_dir), "/tmp"]
     else:
         argv += ["--perms", "1777", "--size", str(lim.tmp_bytes), "--tmpfs", "/tmp"]
-    made: set[Path] = set()
-    for root in _python_roots():
-        for parent in _parents(root):
-            if parent not in made and not str(parent).startswith("/usr"):
-                argv += ["--perms", "0755", "--dir", str(parent)]
-                made.add(parent)
-        argv += ["--ro-bind", str(root), str(root)]
-    for path in hidden_paths(sees_bundled_agents=spec.sees_bundled_agents):
-        argv += ["--perms", "0555", "--tmpfs", str(path), "--remount-ro", str(path)]
+    if spec.agent_env is None:
+        raise ValueError("the sandbox needs the agent's Python environment (SandboxSpec.agent_env)")
+    argv += _python_mounts(spec.agent_env)
     argv += [
         "--proc", "/proc",
         "--dev", "/dev",
