@@ -262,7 +262,7 @@ def _normalizer(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> tuple[
 
 
 def _layers(arch: Architecture, tensors: Mapping[str, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, str]]:
-    layers = []
+    layers: list[tuple[np.ndarray, np.ndarray, str]] = []
     width, params = arch.observation_dim, 0
     for i, layer in enumerate(arch.layers):
         w = _tensor(tensors, layer.weight, 2)
