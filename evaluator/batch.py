@@ -224,7 +224,7 @@ class BatchJob:
             self._add(self._episode(env, index))
         self._end(pb.BATCH_STATE_DONE)
 
-    def _run_lockstep(self, envs: list[gym.Env], step: Stepper) -> None:
+    def _run_lockstep(self, envs: list[gym.Env], step: Stepper) -> None:  # noqa: C901 - the batch hot loop, bit-identity tested
         """Up to LOCKSTEP_SLOTS episodes side by side, their copies stepped together by ``step``.
 
         Every episode is exactly the one :meth:`_episode` would run: its own copy reset with its own

@@ -37,7 +37,7 @@ class _Slow(Exception):
     """The fast path cannot vouch for this value; use the reference implementation."""
 
 
-def _fast(value: Any, depth: int = 0) -> Any:
+def _fast(value: Any, depth: int = 0) -> Any:  # noqa: C901 - one branch per JSON type on the hashing hot path
     if depth > 100:
         raise _Slow
     if value is None or value is True or value is False or type(value) is str:

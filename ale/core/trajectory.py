@@ -425,7 +425,7 @@ class _Scan:
             self.kinds, self.first_wall, self.last_wall, self.run_started, self.eval_results, self.fault, self.tokens,
         )  # fmt: skip
 
-    def lines(self, chunk: bytes) -> None:
+    def lines(self, chunk: bytes) -> None:  # noqa: C901 - the verifier hot loop; tests/trajectory_reference.py beside it
         """Check every line of ``chunk``; stop at the first fault (recorded, or raised as ChainError)."""
         # This loop is the hot path of verification, so the common case is written out in it (locals,
         # one boolean expression per step); whatever it cannot vouch for goes to the exact helpers,

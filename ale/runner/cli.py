@@ -8,7 +8,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -109,14 +109,7 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from ale.runner import bundle_writer
-    from ale.runner.harness import Harness, RunError, RunInterrupted, RunOptions
-    from ale.runner.local import LocalRuntime
-    from ale.runner.progress import LiveProgress, PlainProgress
-    from ale.runner.runtime import RuntimeUnavailable
-
-    manifest, digest, name = _release(args)
+def _run_tasks(args: argparse.Namespace, manifest: Any) -> list[str]:
     tasks = list(args.tasks)
     if args.all:
         tasks = [ref.split("@")[0] for ref in manifest.required_tasks]
@@ -127,6 +120,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             catalog.get_task(t)
         except catalog.UnknownTaskError as exc:
             raise CliError(str(exc)) from None
+    return tasks
+
+
+def _writable_out(args: argparse.Namespace) -> Path:
     out_dir = Path(args.out)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -135,69 +132,59 @@ def cmd_run(args: argparse.Namespace) -> int:
         probe.unlink()
     except OSError as exc:
         raise CliError(f"the output folder {out_dir} is not writable: {exc.strerror}") from None
-    agent = _agent(args)
-    _check_recipients(args.recipient or ([os.environ["ALE_RECIPIENT"]] if os.environ.get("ALE_RECIPIENT") else []))
-    nonce = challenge_token = None
-    site_recipient = None
-    if args.site:
-        from ale.runner.site import Site, SiteError
+    return out_dir
 
-        token = args.token or os.environ.get("ALE_TOKEN")
-        if not token:
-            raise CliError("--site needs an API token: --token or $ALE_TOKEN")
-        try:
-            with Site(args.site, token) as site:
-                site_recipient = site.submission_key()
-                challenge = site.challenge()
-        except SiteError as exc:
-            raise CliError(str(exc)) from None
-        nonce, challenge_token = challenge["nonce"], challenge["token"]
-    runner_key = None
-    if args.runner_key:
-        from ale.core.signing import SignatureError, load_private_key
 
-        try:
-            runner_key = load_private_key(Path(args.runner_key).read_bytes())
-        except (OSError, SignatureError) as exc:
-            raise CliError(f"--runner-key: {exc}") from None
-    options = RunOptions(
-        tasks=tuple(tasks),
-        agent=agent,
-        release=manifest,
-        release_sha256=digest,
-        release_name=name,
-        episodes=args.episodes,
-        agent_time_s=args.agent_time,
-        nonce=nonce,
-        challenge_token=challenge_token,
-    )
-    plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
-    progress = PlainProgress() if plain else LiveProgress(tasks)
-    harness = Harness(options, LocalRuntime(), progress)
+def _site_challenge(args: argparse.Namespace) -> tuple[str | None, str | None, str | None]:
+    """The site's recipient, the challenge nonce and token (all None without --site)."""
+    if not args.site:
+        return None, None, None
+    from ale.runner.site import Site, SiteError
+
+    token = args.token or os.environ.get("ALE_TOKEN")
+    if not token:
+        raise CliError("--site needs an API token: --token or $ALE_TOKEN")
     try:
-        record = trio.run(harness.run)
+        with Site(args.site, token) as site:
+            site_recipient = site.submission_key()
+            challenge = site.challenge()
+    except SiteError as exc:
+        raise CliError(str(exc)) from None
+    return site_recipient, challenge["nonce"], challenge["token"]
+
+
+def _runner_key(args: argparse.Namespace) -> Any:
+    if not args.runner_key:
+        return None
+    from ale.core.signing import SignatureError, load_private_key
+
+    try:
+        return load_private_key(Path(args.runner_key).read_bytes())
+    except (OSError, SignatureError) as exc:
+        raise CliError(f"--runner-key: {exc}") from None
+
+
+def _drive(harness: Any, progress: Any) -> tuple[Any, int]:
+    """Run the harness; the record, or None and the exit status of a run that wrote no bundle."""
+    from ale.runner.harness import RunError, RunInterrupted
+    from ale.runner.runtime import RuntimeUnavailable
+
+    try:
+        return trio.run(harness.run), 0
     except RunInterrupted as exc:
-        progress.close()
-        print(f"ale: run interrupted; no bundle was written; {exc}", file=sys.stderr)
-        return 130
+        message, status = f"run interrupted; no bundle was written; {exc}", 130
     except RunError as exc:
-        progress.close()
-        print(f"ale: run failed, no bundle was written: {exc}", file=sys.stderr)
-        return 1
+        message, status = f"run failed, no bundle was written: {exc}", 1
     except RuntimeUnavailable as exc:
-        progress.close()
-        print(f"ale: error: the agent's sandbox cannot run on this machine: {exc}", file=sys.stderr)
-        return 2
-    try:
-        progress.phase("run", "bundle", "scoring and encrypting")
-        if site_recipient is not None:
-            recipients, key_path = [site_recipient, *(args.recipient or [])], None
-        else:
-            recipients, key_path = _recipients(args, out_dir, record.run_id)
-        path, run_score = bundle_writer.write_bundle(record, recipients, out_dir, runner_key=runner_key)
-    finally:
-        progress.close()
-        shutil.rmtree(record.root, ignore_errors=True)
+        message, status = f"error: the agent's sandbox cannot run on this machine: {exc}", 2
+    progress.close()
+    print(f"ale: {message}", file=sys.stderr)
+    return None, status
+
+
+def _report(record: Any, run_score: Any, key_path: Path | None) -> None:
+    from ale.runner import bundle_writer
+
     for o in record.outcomes:
         if o.status != "completed":
             print(f"{o.task.spec.ref}: not completed: {o.reason}", file=sys.stderr)
@@ -211,6 +198,48 @@ def cmd_run(args: argparse.Namespace) -> int:
             "(a bundle without a site never rises above self_reported)",
             file=sys.stderr,
         )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ale.runner import bundle_writer
+    from ale.runner.harness import Harness, RunOptions
+    from ale.runner.local import LocalRuntime
+    from ale.runner.progress import LiveProgress, PlainProgress
+
+    manifest, digest, name = _release(args)
+    tasks = _run_tasks(args, manifest)
+    out_dir = _writable_out(args)
+    agent = _agent(args)
+    _check_recipients(args.recipient or ([os.environ["ALE_RECIPIENT"]] if os.environ.get("ALE_RECIPIENT") else []))
+    site_recipient, nonce, challenge_token = _site_challenge(args)
+    runner_key = _runner_key(args)
+    options = RunOptions(
+        tasks=tuple(tasks),
+        agent=agent,
+        release=manifest,
+        release_sha256=digest,
+        release_name=name,
+        episodes=args.episodes,
+        agent_time_s=args.agent_time,
+        nonce=nonce,
+        challenge_token=challenge_token,
+    )
+    plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
+    progress = PlainProgress() if plain else LiveProgress(tasks)
+    record, status = _drive(Harness(options, LocalRuntime(), progress), progress)
+    if record is None:
+        return status
+    try:
+        progress.phase("run", "bundle", "scoring and encrypting")
+        if site_recipient is not None:
+            recipients, key_path = [site_recipient, *(args.recipient or [])], None
+        else:
+            recipients, key_path = _recipients(args, out_dir, record.run_id)
+        path, run_score = bundle_writer.write_bundle(record, recipients, out_dir, runner_key=runner_key)
+    finally:
+        progress.close()
+        shutil.rmtree(record.root, ignore_errors=True)
+    _report(record, run_score, key_path)
     print(path)
     return 0
 

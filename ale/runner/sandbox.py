@@ -142,16 +142,7 @@ def bwrap_argv(
     ]
     if not as_root:
         argv += ["--unshare-user", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID)]
-    for name in ("bin", "sbin", "lib", "lib64", "lib32"):
-        link = Path("/") / name
-        if link.is_symlink():
-            argv += ["--symlink", os.readlink(link), f"/{name}"]
-        elif link.is_dir():
-            argv += ["--ro-bind", f"/{name}", f"/{name}"]
-    argv += ["--perms", "0755", "--dir", "/etc"]
-    for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"):
-        if os.path.exists(etc):
-            argv += ["--ro-bind", etc, etc]
+    argv += _system_mounts()
     # The private /tmp comes before the interpreter's binds: an interpreter installed under the
     # host's /tmp (a CI runner's tool cache, say) must stay visible on top of it.
     if tmp_dir is not None:
@@ -176,17 +167,38 @@ def bwrap_argv(
         argv += ["--setenv", key, value]
     argv.append("--")
     if as_root:
-        argv += [
-            shutil.which("setpriv") or "/usr/bin/setpriv",
-            f"--reuid={uid}",
-            f"--regid={uid}",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--no-new-privs",
-            "--",
-        ]
+        argv += _drop_to(uid)
     return argv + list(spec.command)
+
+
+def _system_mounts() -> list[str]:
+    """The host's /bin, /lib... (as links or read-only binds) and the dynamic linker's files in /etc."""
+    argv: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib64", "lib32"):
+        link = Path("/") / name
+        if link.is_symlink():
+            argv += ["--symlink", os.readlink(link), f"/{name}"]
+        elif link.is_dir():
+            argv += ["--ro-bind", f"/{name}", f"/{name}"]
+    argv += ["--perms", "0755", "--dir", "/etc"]
+    for etc in ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives"):
+        if os.path.exists(etc):
+            argv += ["--ro-bind", etc, etc]
+    return argv
+
+
+def _drop_to(uid: int) -> list[str]:
+    """setpriv: the run's own uid and gid, no groups, no capabilities, no_new_privs."""
+    return [
+        shutil.which("setpriv") or "/usr/bin/setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--no-new-privs",
+        "--",
+    ]
 
 
 def detect() -> str:
