@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import trio
 import trio.lowlevel
 
 from ale.core import attestation
+from ale.core.parse import ParseError, parse_json
 from ale.runner import agent_env, isolation, sandbox, seccomp
 from ale.runner._groups import collapse
 from ale.runner.isolation import SandboxResources
@@ -279,8 +279,8 @@ class LocalRuntime:
 
         def on_stdout(_s: str, line: bytes) -> None:
             try:
-                msg = json.loads(line)
-            except ValueError:
+                msg = parse_json(line, what="the evaluator's stdout", max_bytes=MAX_LINE)
+            except ParseError:
                 return
             if isinstance(msg, dict) and msg.get("event") == "ready":
                 ready.set()
