@@ -33,8 +33,15 @@ from ale import catalog
 from ale.client import AleEnvClient
 from ale.runner import agent_env, sandbox
 from ale.runner.local import LocalRuntime
-from ale.runner.runtime import EvaluatorSpec, EvaluatorStartError, Runtime, SandboxResult
-from ale.runner.sandbox import Limits, SandboxSpec
+from ale.runner.runtime import (
+    EvaluatorSpec,
+    EvaluatorStartError,
+    Limits,
+    Runtime,
+    SandboxResult,
+    SandboxSpec,
+    sandbox_path,
+)
 
 PY = agent_env.PYTHON  # the sandbox's own interpreter (docs/agent-contract.md)
 TASK = "cartpole-balance"
@@ -119,7 +126,7 @@ class Box:
             workspace_writable=writable,
             task_dir=self.task_dir,
             evaluator_socket=self.socket_path,
-            env=kw.pop("env", {"HOME": "/workspace", "PATH": sandbox.sandbox_path(), "ALE_TEST": "1"}),
+            env=kw.pop("env", {"HOME": "/workspace", "PATH": sandbox_path(), "ALE_TEST": "1"}),
             wall_time_s=wall_time_s,
             **kw,
         )

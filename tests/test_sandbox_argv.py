@@ -8,6 +8,7 @@ import pytest
 
 from ale.runner import agent_env, sandbox
 from ale.runner.agent_env import AgentEnv, Interpreter
+from ale.runner.runtime import sandbox_path
 from ale.runner.sandbox import SandboxSpec, bwrap_argv
 
 INTERPRETER = Interpreter(
@@ -57,7 +58,7 @@ def test_private_tmp_is_mounted_before_an_interpreter_under_tmp(tmp_path: Path) 
 def test_agent_env_is_mounted_read_only_at_its_mount_point(tmp_path: Path) -> None:
     argv = bwrap_argv(_spec(tmp_path), as_root=True)
     assert (str(tmp_path / "agent-env"), agent_env.MOUNT_POINT) in [(s, d) for _, s, d in _ro_binds(argv)]
-    assert sandbox.sandbox_path().startswith(f"{agent_env.MOUNT_POINT}/bin:")
+    assert sandbox_path().startswith(f"{agent_env.MOUNT_POINT}/bin:")
 
 
 def test_hidden_folders_are_covered_by_the_empty_folder_after_their_tree(tmp_path: Path) -> None:
