@@ -179,6 +179,7 @@ class LocalRuntime:
     """Evaluator as a child process; the agent under bubblewrap."""
 
     name = "local"
+    networks = frozenset({Network.NONE})
 
     def __init__(self) -> None:
         self._sandbox_kind: str | None = None
@@ -290,13 +291,13 @@ class LocalRuntime:
         *,
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
+        if spec.network not in self.networks:
+            raise SandboxError(f"the local runtime has no {spec.network.value!r} network attachment (only 'none')")
         if spec.agent_env is None:  # the client library alone
             try:
                 spec = attrs.evolve(spec, agent_env=await trio.to_thread.run_sync(agent_env.ensure))
             except agent_env.AgentEnvError as exc:
                 raise SandboxError(str(exc)) from None
-        if spec.network is not Network.NONE:
-            raise SandboxError(f"the local runtime has no {spec.network.value!r} network attachment (only 'none')")
         async with self.isolation.open_sandbox(spec) as resources:
             started = time.monotonic()
             return await supervise.supervise(

@@ -135,7 +135,8 @@ class EvaluatorHandle(Protocol):
 
 
 class Runtime(Protocol):
-    name: str
+    name: str  # its registry name (ale.runner.runtimes), recorded in the manifest as runtime.runtime
+    networks: frozenset[Network]  # the network attachments run_sandboxed supports
 
     def check(self) -> None:
         """Raise RuntimeUnavailable unless this backend can run here."""
@@ -158,4 +159,6 @@ class Runtime(Protocol):
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
         """Run a command in the sandbox until it exits, its wall time runs out, or ``should_stop``
-        returns a reason (polled about once a second). Output lines go to ``sink``."""
+        returns a reason (polled about once a second). Output lines go to ``sink``. A backend
+        starts the sandbox and hands it to :func:`ale.runner.supervise.supervise`, which does the
+        rest. A spec whose ``network`` is not in ``networks`` is a SandboxError before anything starts."""
