@@ -82,7 +82,7 @@ class LineSplitter:
                 if cut < 0:
                     return
                 continue
-            if cut < 0:
+            if cut < 0 or cut > MAX_LINE:  # no whole line yet, or one too long: however it arrived
                 if len(self.buf) > MAX_LINE:
                     self._line(bytes(self.buf[:MAX_LINE]))
                     del self.buf[:MAX_LINE]
