@@ -10,13 +10,14 @@ fails in CI (``ALE_SITE_TOOLS_REQUIRED=1``, tests/sandbox_tools.py). The isolati
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 import attrs
 import pytest
 from sandbox_tools import missing
 
-from ale.runner import runtimes
+from ale.runner import runtimes, supervise
 from ale.runner.conformance import RuntimeConformance
 from ale.runner.runtime import Runtime, RuntimeUnavailable
 
@@ -92,3 +93,20 @@ def test_ci_installs_bubblewrap_and_requires_the_sandbox_tools() -> None:
     install = next(line for line in ci.splitlines() if line.strip().startswith("for pkg in"))
     assert "bubblewrap" in install.split()
     assert "export ALE_SITE_TOOLS_REQUIRED=1" in ci
+
+
+def _doc_table_names(heading: str) -> set[str]:
+    """The backticked first cells of the table under ``heading`` in docs/runtime.md."""
+    section = (ROOT / "docs" / "runtime.md").read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return {re.match(r"\| `(\w+)", row).group(1) for row in section.splitlines() if re.match(r"\| `\w+", row)}  # type: ignore[union-attr]
+
+
+def test_docs_name_every_member_a_backend_implements() -> None:
+    """docs/runtime.md's table is exactly the Runtime protocol's members; its backends, the registry's."""
+    members = {m for m in vars(Runtime) if not m.startswith("_")} | set(Runtime.__annotations__)
+    assert _doc_table_names("What a backend implements") == members
+    assert _doc_table_names("Choosing a backend") == set(runtimes.names())
+    sandboxed = {m for m in vars(supervise.Sandboxed) | vars(supervise.Killable) if not m.startswith("_")}
+    sandboxed |= set(supervise.Sandboxed.__annotations__)
+    doc = (ROOT / "docs" / "runtime.md").read_text()
+    assert all(f"`{m}" in doc for m in sandboxed), sandboxed
