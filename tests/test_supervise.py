@@ -193,3 +193,19 @@ def test_a_gateway_attachment_needs_its_socket_and_none_has_none(tmp_path: Path)
         _spec(tmp_path, gateway_socket=tmp_path / "gw.sock")
     spec = _spec(tmp_path, network=Network.GATEWAY, gateway_socket=tmp_path / "gw.sock")
     assert spec.gateway_socket == tmp_path / "gw.sock"
+
+
+async def test_until_ready_returns_on_ready_on_exit_or_at_the_deadline() -> None:
+    child = await _start("import time; time.sleep(600)")
+    ready = trio.Event()
+    ready.set()
+    assert await supervise.until_ready(child, ready, 30.0) is True
+    with trio.fail_after(5):  # not ready: the deadline decides
+        assert await supervise.until_ready(child, trio.Event(), 0.3) is False
+    await supervise.stop(child)
+    await child.aclose()
+    exiting = await _start("pass")
+    with trio.fail_after(10):  # it ended before it was ready: no waiting for the deadline
+        assert await supervise.until_ready(exiting, trio.Event(), 600.0) is False
+    assert exiting.returncode == 0
+    await exiting.aclose()

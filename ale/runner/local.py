@@ -252,20 +252,7 @@ class LocalRuntime:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(supervise.pump, process.stderr, supervise.LineSplitter("stderr", on_stderr))
                     nursery.start_soon(supervise.pump, process.stdout, supervise.LineSplitter("stdout", on_stdout))
-                    with trio.move_on_after(READY_TIMEOUT_S):
-                        async with trio.open_nursery() as waiter:
-
-                            async def _exited() -> None:
-                                await process.wait()
-                                waiter.cancel_scope.cancel()
-
-                            async def _ready() -> None:
-                                await ready.wait()
-                                waiter.cancel_scope.cancel()
-
-                            waiter.start_soon(_exited)
-                            waiter.start_soon(_ready)
-                    if not ready.is_set():
+                    if not await supervise.until_ready(_Child(process), ready, READY_TIMEOUT_S):
                         await supervise.stop(_Child(process))
                         await trio.sleep(0.1)
                         raise EvaluatorStartError(

@@ -5,7 +5,8 @@ streams, a way to wait for it and two ways to signal it. Everything else is deci
 same for every backend: lines are split and capped (:class:`LineSplitter`), the workspace's
 size is watched and ``should_stop`` polled about once a second, the wall time is kept, and a
 sandbox is stopped with :func:`stop` (SIGTERM, then SIGKILL after :data:`KILL_GRACE_S`) whatever
-ended the wait, a cancellation included.
+ended the wait, a cancellation included. A backend's evaluator uses the same pieces: its output
+through :class:`LineSplitter`, its start deadline with :func:`until_ready`, its end with :func:`stop`.
 """
 
 from __future__ import annotations
@@ -142,6 +143,24 @@ async def stop(process: Killable) -> None:
         if process.returncode is None:
             process.send_kill()
             await process.wait()
+
+
+async def until_ready(process: Killable, ready: trio.Event, timeout_s: float) -> bool:
+    """Wait until ``ready`` is set, the process ends or ``timeout_s`` passes; True when it is ready."""
+    with trio.move_on_after(timeout_s):
+        async with trio.open_nursery() as waiter:
+
+            async def exited() -> None:
+                await process.wait()
+                waiter.cancel_scope.cancel()
+
+            async def is_ready() -> None:
+                await ready.wait()
+                waiter.cancel_scope.cancel()
+
+            waiter.start_soon(exited)
+            waiter.start_soon(is_ready)
+    return ready.is_set()
 
 
 async def _watch(spec: SandboxSpec, should_stop: Callable[[], Awaitable[str]] | None) -> str:
