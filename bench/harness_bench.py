@@ -184,7 +184,7 @@ async def _sandbox_starts(n: int) -> dict:
 
     from ale.runner import agent_env
     from ale.runner.local import LocalRuntime
-    from ale.runner.sandbox import SandboxSpec
+    from ale.runner.runtime import SandboxSpec
 
     check_started = time.perf_counter()
     runtime = LocalRuntime()

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ale.runner import agent_env, sandbox
-from ale.runner.sandbox import SandboxSpec
+from ale.runner.runtime import SandboxSpec, sandbox_path
 
 PY = agent_env.PYTHON  # the sandbox's own interpreter (docs/agent-contract.md)
 
@@ -42,7 +42,7 @@ class Box:
             workspace_writable=kw.pop("writable", True),
             task_dir=self.task_dir,
             evaluator_socket=self.socket_path,
-            env={"HOME": "/workspace", "PATH": sandbox.sandbox_path()},
+            env={"HOME": "/workspace", "PATH": sandbox_path()},
             wall_time_s=wall_time_s,
             **kw,
         )

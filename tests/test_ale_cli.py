@@ -80,7 +80,7 @@ def recipient_identity(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, 
 def random_run(tmp_path_factory: pytest.TempPathFactory, recipient_identity: tuple[Path, str]) -> Bundle:
     tmp = tmp_path_factory.mktemp("random")
     key_path, public = recipient_identity
-    proc = _run(tmp, "--agent", "random", "--episodes", "10", "--recipient", public)
+    proc = _run(tmp, "--agent", "random", "--episodes", "10", "--recipient", public, "--runtime", "local")
     assert proc.returncode == 0, proc.stderr
     return Bundle(path=Path(proc.stdout.strip().splitlines()[-1]), identity=key_path, run=proc)
 
@@ -98,7 +98,8 @@ def test_every_command_has_help(command: list[str]) -> None:
         for sub in ("run", "inspect", "tasks"):
             assert sub in proc.stdout
     if command == ["run"]:
-        for option in ("--agent-cmd", "--recipient", "--out", "--episodes", "--agent-time", "--release-file"):
+        options = ("--agent-cmd", "--recipient", "--out", "--episodes", "--agent-time", "--release-file", "--runtime")
+        for option in options:
             assert option in proc.stdout
 
 
@@ -168,6 +169,21 @@ def test_run_prints_the_bundle_path(demo: Bundle) -> None:
     assert "cartpole-balance@1.0.0: mean_return" in err
     assert "macro mean" in err
     assert str(demo.identity) in err
+
+
+@pytest.mark.parametrize("name", ["podman", "no-such-runtime"])
+def test_run_with_an_unknown_runtime_is_one_line_naming_the_known_ones(tmp_path: Path, name: str) -> None:
+    proc = _run(tmp_path, "--runtime", name)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"ale: error: --runtime: unknown runtime {name!r}; known runtimes: local"]
+    assert proc.stdout == ""
+    assert not (tmp_path / "out").exists()  # refused before anything was made
+
+
+def test_run_records_the_runtime_it_was_given(random_run: Bundle) -> None:
+    """``--runtime local``: the manifest's runtime.runtime is the registry name."""
+    doc = random_run.inspect_json()
+    assert doc["runtime"]["runtime"] == "local"
 
 
 # --- inspect -----------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from sandbox_tools import backends, make_runtime, missing, need_bwrap
 
 from ale.runner import cgroups, isolation, sandbox_fs, uids
 from ale.runner.local import LocalRuntime
-from ale.runner.sandbox import Limits
+from ale.runner.runtime import Limits
 
 MiB = 1024 * 1024
 

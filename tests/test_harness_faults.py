@@ -33,11 +33,11 @@ from ale.core.trajectory import verify_chain
 from ale.runner import agent_env, bundle_writer
 from ale.runner.harness import AgentSpec, Harness, RunError, RunOptions, RunRecord
 from ale.runner.inspect import offline_check
-from ale.runner.local import KILL_GRACE_S, MAX_STREAM_BYTES, LocalRuntime
+from ale.runner.local import LocalRuntime
 from ale.runner.progress import PlainProgress
 from ale.runner.recorder import BUDGETS
-from ale.runner.runtime import EvaluatorSpec, LineSink, SandboxResult
-from ale.runner.sandbox import Limits, SandboxSpec
+from ale.runner.runtime import EvaluatorSpec, Limits, LineSink, SandboxResult, SandboxSpec
+from ale.runner.supervise import KILL_GRACE_S, MAX_STREAM_BYTES
 
 PY = agent_env.PYTHON  # the sandbox's own interpreter
 CARTPOLE = "cartpole-balance"

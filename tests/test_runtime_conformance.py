@@ -1,541 +1,112 @@
-"""The runtime interface contract (ale/runner/runtime.py), checked against every backend this machine has.
+"""The runtime conformance suite (ale/runner/conformance.py) against every registered backend this machine has.
 
-One class, :class:`RuntimeConformance`, parametrised over :data:`RUNTIMES`. A backend joins the suite
-by adding one :class:`Backend` entry (an OCI runtime: how to build it and how to tell whether it
-can run here); the tests speak only the interface: ``check``, ``attestation``, ``open_evaluator``,
-``run_sandboxed`` and the exceptions of the module. What a command sees inside the sandbox is the
-agent contract (docs/agent-contract.md), which "holds for every runtime".
+The backends are the registry's (:mod:`ale.runner.runtimes`): one :class:`Backend` per registered
+name, so a backend joins the suite by being registered. A backend that cannot run here (its
+``check()`` raises RuntimeUnavailable) is skipped with the reason on a developer's machine and
+fails in CI (``ALE_SITE_TOOLS_REQUIRED=1``, tests/sandbox_tools.py). The isolation tests
+(test_seccomp.py, test_cgroups.py, test_agent_view.py) take the same list (``sandbox_tools.backends``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
+import functools
 import re
-import secrets
-import shutil
-import signal
-import socket
-import stat
-import subprocess
-import tempfile
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import attrs
 import pytest
-import trio
 from sandbox_tools import missing
 
-from ale import catalog
-from ale.client import AleEnvClient
-from ale.runner import agent_env, sandbox
-from ale.runner.local import LocalRuntime
-from ale.runner.runtime import EvaluatorSpec, EvaluatorStartError, Runtime, SandboxResult
-from ale.runner.sandbox import Limits, SandboxSpec
+from ale.runner import runtimes, supervise
+from ale.runner.conformance import RuntimeConformance
+from ale.runner.runtime import Runtime, RuntimeUnavailable
 
-PY = agent_env.PYTHON  # the sandbox's own interpreter (docs/agent-contract.md)
-TASK = "cartpole-balance"
-KILL_GRACE_S = 5.0  # docs/agent-contract.md: SIGTERM, then SIGKILL after 5 s
-MAX_LINE = 64 * 1024
-MAX_STREAM_BYTES = 8 * 1024 * 1024
-# A command that leaves when asked to (as PID 1 of a namespace, a process ignores SIGTERM without a handler).
-ON_SIGTERM_EXIT = "import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
-
-
-# --- the backends -------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @attrs.frozen
 class Backend:
-    id: str
-    make: Callable[[], Runtime]
-    unavailable: Callable[[], str | None]  # None when it can run here, else why not
+    id: str  # the registry name
+
+    def make(self) -> Runtime:
+        return runtimes.make(self.id)
+
+    def unavailable(self) -> str | None:
+        """None when this backend can run here, else why not (its check()'s message)."""
+        return _unavailable(self.id)
 
 
-def _bwrap_unavailable() -> str | None:
-    if shutil.which("bwrap") is None:
-        return "bubblewrap is not installed"
-    probe = subprocess.run(["bwrap", "--unshare-net", "--ro-bind", "/", "/", "--", "true"], capture_output=True)
-    return None if probe.returncode == 0 else f"bwrap cannot create namespaces here: {probe.stderr!r}"
-
-
-RUNTIMES = [
-    Backend("local-bwrap", LocalRuntime, _bwrap_unavailable),
-    # An OCI backend is one more line here, e.g. Backend("oci-podman", OciRuntime, _podman_unavailable).
-]
-
-
-@pytest.fixture(params=RUNTIMES, ids=[b.id for b in RUNTIMES])
-def runtime(request: pytest.FixtureRequest) -> Runtime:
-    backend: Backend = request.param
-    reason = backend.unavailable()
-    if reason is not None:
-        missing(f"{backend.id}: {reason}")  # skips on a developer's machine, fails in CI
-    return backend.make()
-
-
-@pytest.fixture
-def box() -> Iterator[Box]:
-    folder = Path(tempfile.mkdtemp(prefix="ale-rc-"))  # short: Unix socket paths
-    made = None
+@functools.cache
+def _unavailable(name: str) -> str | None:
     try:
-        made = Box(folder)
-        yield made
-    finally:
-        if made is not None:
-            made.close()
-        shutil.rmtree(folder, ignore_errors=True)
+        runtimes.make(name).check()
+    except RuntimeUnavailable as exc:
+        return str(exc)
+    return None
 
 
-class Box:
-    """Host folders for one sandbox: a workspace, task files and a stand-in evaluator socket."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.workspace = folder / "workspace"
-        self.workspace.mkdir()
-        if os.geteuid() == 0:
-            os.chown(self.workspace, sandbox.SANDBOX_UID, sandbox.SANDBOX_UID)
-        self.task_dir = folder / "task"
-        self.task_dir.mkdir()
-        (self.task_dir / "task.json").write_text('{"id": "conformance"}\n')
-        self.task_dir.chmod(0o755)
-        (self.task_dir / "task.json").chmod(0o666)  # writable by anyone: only the read-only mount protects it
-        folder.chmod(0o755)
-        self.socket_path = folder / "evaluator.sock"
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(self.socket_path))
-        self.listener.listen(8)
-        self.listener.setblocking(False)
-        self.socket_path.chmod(0o666)
-
-    def spec(self, code: str, *, wall_time_s: float = 30.0, writable: bool = True, **kw: Any) -> SandboxSpec:
-        return SandboxSpec(
-            command=(PY, "-c", code),
-            workspace=self.workspace,
-            workspace_writable=writable,
-            task_dir=self.task_dir,
-            evaluator_socket=self.socket_path,
-            env=kw.pop("env", {"HOME": "/workspace", "PATH": sandbox.sandbox_path(), "ALE_TEST": "1"}),
-            wall_time_s=wall_time_s,
-            **kw,
-        )
-
-    def accepted(self) -> int:
-        n = 0
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except BlockingIOError:
-                return n
-            conn.close()
-            n += 1
-
-    def close(self) -> None:
-        self.listener.close()
+RUNTIMES = [Backend(name) for name in runtimes.names()]
 
 
-class Lines:
-    """A sink that keeps every line with its stream name."""
+class TestRuntimeConformance(RuntimeConformance):
+    """The package's suite, once per registered backend."""
 
-    def __init__(self) -> None:
-        self.lines: list[tuple[str, bytes]] = []
-
-    def __call__(self, stream: str, line: bytes) -> None:
-        self.lines.append((stream, line))
-
-    def of(self, stream: str) -> list[str]:
-        return [line.decode() for s, line in self.lines if s == stream]
-
-    def report(self, prefix: str = "REPORT ") -> dict[str, Any]:
-        for line in self.of("stdout"):
-            if line.startswith(prefix):
-                return dict(json.loads(line[len(prefix) :]))
-        raise AssertionError(f"no report line; got {self.lines!r}")
+    @pytest.fixture(params=RUNTIMES, ids=[b.id for b in RUNTIMES])
+    def runtime(self, request: pytest.FixtureRequest) -> Runtime:
+        backend: Backend = request.param
+        reason = backend.unavailable()
+        if reason is not None:
+            missing(f"{backend.id}: {reason}")  # skips on a developer's machine, fails in CI
+        return backend.make()
 
 
-def _evaluator_spec(folder: Path, task_id: str = TASK) -> EvaluatorSpec:
-    config = json.dumps({"run_id": "run-conformance", "secret": secrets.token_hex(32)}).encode()
-    private = folder / "private"
-    private.mkdir(mode=0o700, exist_ok=True)
-    sockets = folder / "sockets"
-    sockets.mkdir(exist_ok=True)
-    return EvaluatorSpec(
-        task_id=task_id,
-        run_config=config,
-        agent_socket=sockets / "evaluator.sock",
-        harness_socket=private / "harness.sock",
-        events_path=private / "evaluator.jsonl",
-    )
+# --- the registry ------------------------------------------------------------------------------------
 
 
-def _host_pids_with(needle: str) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if needle.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    pids.append(int(entry))
-            except OSError:
-                continue
-    return pids
+def test_local_is_registered_and_the_default() -> None:
+    assert "local" in runtimes.names()
+    assert runtimes.DEFAULT == "local"
+    from ale.runner.local import LocalRuntime
+
+    assert runtimes.runtime_class("local") is LocalRuntime
 
 
-def _kill_leftovers(marker: str) -> None:
-    """SIGKILL what this test started and the runtime left behind (so a failure leaks nothing)."""
-    for pid in _host_pids_with(marker):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+@pytest.mark.parametrize("name", runtimes.names())
+def test_each_registered_runtime_is_named_as_registered(name: str) -> None:
+    """The manifest's runtime.runtime (the attestation's "runtime") is the name ``--runtime`` takes."""
+    assert runtimes.runtime_class(name).name == name
 
 
-class RuntimeConformance:
-    """The interface contract every runtime backend keeps."""
+@pytest.mark.parametrize("name", ["podman", "", "LOCAL", "local ", "ale.runner.local:LocalRuntime"])
+def test_unknown_runtime_names_the_known_ones(name: str) -> None:
+    with pytest.raises(runtimes.UnknownRuntime) as info:
+        runtimes.make(name)
+    message = str(info.value)
+    assert "\n" not in message
+    assert repr(name) in message
+    assert message.endswith(f"known runtimes: {', '.join(runtimes.names())}")
 
-    __test__ = True  # collected despite the name: the class *is* the conformance suite
 
-    # --- check and attestation -----------------------------------------------------------------
+def test_ci_installs_bubblewrap_and_requires_the_sandbox_tools() -> None:
+    """The suite must not skip in CI: .ci/run installs bubblewrap and sets ALE_SITE_TOOLS_REQUIRED=1."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    install = next(line for line in ci.splitlines() if line.strip().startswith("for pkg in"))
+    assert "bubblewrap" in install.split()
+    assert "export ALE_SITE_TOOLS_REQUIRED=1" in ci
 
-    def test_check_passes(self, runtime: Runtime) -> None:
-        runtime.check()
-        assert isinstance(runtime.name, str)
-        assert runtime.name
 
-    def test_attestation_names_runtime_sandbox_and_evaluator_digest(self, runtime: Runtime) -> None:
-        att = runtime.attestation()
-        json.dumps(att)  # it goes into the bundle manifest
-        assert att["runtime"] == runtime.name
-        assert isinstance(att["sandbox"], str)
-        assert att["sandbox"]
-        # The evaluator's code digest (the local runtime calls it "evaluator", later "code").
-        digests = att.get("evaluator") or att.get("code")
-        assert isinstance(digests, dict), att
-        hexes = {k: v for k, v in digests.items() if k.endswith("sha256")}
-        assert hexes, digests
-        assert all(re.fullmatch(r"[0-9a-f]{64}", v) for v in hexes.values()), hexes
-        assert runtime.attestation() == att  # stable within a process
+def _doc_table_names(heading: str) -> set[str]:
+    """The backticked first cells of the table under ``heading`` in docs/runtime.md."""
+    section = (ROOT / "docs" / "runtime.md").read_text().split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return {re.match(r"\| `(\w+)", row).group(1) for row in section.splitlines() if re.match(r"\| `\w+", row)}  # type: ignore[union-attr]
 
-    # --- the evaluator ------------------------------------------------------------------------
 
-    async def test_open_evaluator_serves_both_endpoints(self, runtime: Runtime, box: Box) -> None:
-        spec = _evaluator_spec(box.folder)
-        task = catalog.get_task(TASK)
-        async with runtime.open_evaluator(spec) as handle:
-            assert handle.alive()
-            assert stat.S_ISSOCK(os.stat(handle.agent_socket).st_mode)
-            for target in (handle.harness_target, f"unix:{handle.agent_socket}"):
-                client = AleEnvClient(target, timeout=10)
-                try:
-                    got = await trio.to_thread.run_sync(client.get_spec)
-                finally:
-                    client.close()
-                assert got.task_id == TASK
-                assert got.task_digest == task.digest
-            assert handle.events_path == spec.events_path
-        assert not handle.alive()
-        events = [json.loads(line) for line in spec.events_path.read_text().splitlines()]
-        assert events[0]["kind"] == "evaluator_ready"
-        assert isinstance(handle.stderr_tail(), str)
-
-    async def test_evaluator_start_error_for_an_unknown_task(self, runtime: Runtime, box: Box) -> None:
-        spec = _evaluator_spec(box.folder, task_id="no-such-task")
-        with trio.fail_after(30), pytest.raises(EvaluatorStartError, match="no-such-task"):
-            async with runtime.open_evaluator(spec):
-                pytest.fail("an evaluator for an unknown task became ready")
-
-    # --- run_sandboxed: exit, time, stop ----------------------------------------------------------
-
-    async def test_exit_status_is_returned(self, runtime: Runtime, box: Box) -> None:
-        result = await runtime.run_sandboxed(box.spec("import sys; sys.exit(7)"), Lines())
-        assert isinstance(result, SandboxResult)
-        assert (result.exit_status, result.stopped_for, result.dropped_output_bytes) == (7, "", 0)
-        ok = await runtime.run_sandboxed(box.spec("pass"), Lines())
-        assert (ok.exit_status, ok.stopped_for) == (0, "")
-        assert 0 <= ok.wall_time_s < 30
-
-    async def test_wall_time_is_honoured(self, runtime: Runtime, box: Box) -> None:
-        lines = Lines()
-        code = f"{ON_SIGTERM_EXIT}print('started', flush=True)\ntime.sleep(600)\n"
-        result = await runtime.run_sandboxed(box.spec(code, wall_time_s=1.5), lines)
-        assert result.stopped_for == "wall_time"
-        assert result.exit_status is None
-        assert 1.5 <= result.wall_time_s < 1.5 + KILL_GRACE_S + 2
-        assert lines.of("stdout") == ["started"]
-
-    async def test_long_silent_command_is_not_killed_early(
-        self, runtime: Runtime, box: Box, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """A quiet command runs to its own end: nothing but the runtime's stop decides it ends.
-
-        Trio starts processes from worker threads and retires idle ones after ten seconds; the
-        idle timeout is shortened here so that the test takes two seconds, not fifteen.
-        """
-        from trio._core import _thread_cache
-
-        monkeypatch.setattr(_thread_cache, "IDLE_TIMEOUT", 0.2)
-        code = "import time; time.sleep(2); print('still here', flush=True)"
-        lines = Lines()
-        result = await runtime.run_sandboxed(box.spec(code, wall_time_s=20), lines)
-        assert (result.exit_status, result.stopped_for) == (0, ""), lines.lines
-        assert lines.of("stdout") == ["still here"]
-
-    async def test_should_stop_reason_stops_the_command(self, runtime: Runtime, box: Box) -> None:
-        calls = 0
-
-        async def should_stop() -> str:
-            nonlocal calls
-            calls += 1
-            return "env_steps" if calls >= 2 else ""
-
-        code = f"{ON_SIGTERM_EXIT}time.sleep(600)\n"
-        result = await runtime.run_sandboxed(box.spec(code, wall_time_s=60), Lines(), should_stop=should_stop)
-        assert result.stopped_for == "env_steps"
-        assert result.exit_status is None
-        assert calls == 2
-        assert result.wall_time_s < 2 + KILL_GRACE_S + 3  # polled about once a second
-
-    async def test_cancellation_stops_the_sandbox(self, runtime: Runtime, box: Box) -> None:
-        marker = f"ale-conformance-{secrets.token_hex(6)}"
-        code = f"MARKER = {marker!r}; import time; print('up', flush=True); time.sleep(600)"
-        lines = Lines()
-        try:
-            with trio.move_on_after(1.5) as scope:
-                await runtime.run_sandboxed(box.spec(code), lines)
-            assert scope.cancelled_caught
-            assert lines.of("stdout") == ["up"]
-            with trio.move_on_after(KILL_GRACE_S + 2):
-                while _host_pids_with(marker):  # noqa: ASYNC110 - polling /proc
-                    await trio.sleep(0.1)
-            assert _host_pids_with(marker) == []
-        finally:
-            _kill_leftovers(marker)
-
-    # --- run_sandboxed: output ------------------------------------------------------------------
-
-    async def test_output_lines_arrive_in_order_per_stream(self, runtime: Runtime, box: Box) -> None:
-        code = (
-            "import json, os, sys\n"
-            "fd = int(os.environ['ALE_EVENT_FD'])\n"
-            "for i in range(300):\n"
-            "    print(f'out {i}', flush=i % 7 == 0)\n"
-            "    print(f'err {i}', file=sys.stderr, flush=i % 5 == 0)\n"
-            "    if i % 3 == 0:\n"
-            "        os.write(fd, json.dumps({'kind': 'note', 'data': {'i': i}}).encode() + b'\\n')\n"
-            "sys.stdout.flush()\n"
-            "sys.stdout.write('no newline at the end')\n"
-        )
-        lines = Lines()
-        result = await runtime.run_sandboxed(box.spec(code), lines)
-        assert result.exit_status == 0
-        assert {s for s, _ in lines.lines} == {"stdout", "stderr", "event"}
-        assert lines.of("stdout") == [f"out {i}" for i in range(300)] + ["no newline at the end"]
-        assert lines.of("stderr") == [f"err {i}" for i in range(300)]
-        assert [json.loads(e)["data"]["i"] for e in lines.of("event")] == list(range(0, 300, 3))
-
-    async def test_long_lines_are_cut_and_floods_are_capped(self, runtime: Runtime, box: Box) -> None:
-        code = (
-            "import sys\n"
-            "w = sys.stdout.buffer\n"
-            f"w.write(b'L' * {3 * MAX_LINE} + b'\\n')\n"
-            f"for _ in range({(MAX_STREAM_BYTES + 2 * 1024 * 1024) // 4096}):\n"
-            "    w.write(b'f' * 4095 + b'\\n')\n"
-            "w.flush()\n"
-            "print('stderr is separate', file=sys.stderr)\n"
-        )
-        lines = Lines()
-        result = await runtime.run_sandboxed(box.spec(code), lines)
-        assert result.exit_status == 0
-        stdout = [line for s, line in lines.lines if s == "stdout"]
-        assert all(len(line) <= MAX_LINE for line in stdout)
-        assert sum(len(line) + 1 for line in stdout) <= MAX_STREAM_BYTES + MAX_LINE
-        assert result.dropped_output_bytes > 2 * 1024 * 1024 - MAX_LINE
-        assert lines.of("stderr") == ["stderr is separate"]
-
-    # --- what the command sees ------------------------------------------------------------------
-
-    async def test_network_is_unreachable(self, runtime: Runtime, box: Box) -> None:
-        host = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        host.bind(("127.0.0.1", 0))
-        host.listen(8)
-        host.setblocking(False)
-        port = host.getsockname()[1]
-        code = (
-            "import json, socket\n"
-            "def loopback():\n"
-            "    srv = socket.socket()\n"
-            "    srv.bind(('127.0.0.1', 0))\n"
-            "    srv.listen(1)\n"
-            "    socket.create_connection(srv.getsockname(), timeout=3).close()\n"
-            "    srv.close()\n"
-            "r = {}\n"
-            f"for name, addr in [('public', ('1.1.1.1', 53)), ('host_loopback', ('127.0.0.1', {port}))]:\n"
-            "    try:\n"
-            "        socket.create_connection(addr, timeout=3).close()\n"
-            "        r[name] = 'connected'\n"
-            "    except OSError as exc:\n"
-            "        r[name] = type(exc).__name__\n"
-            "try:\n"
-            "    socket.getaddrinfo('example.com', 443)\n"
-            "    r['dns'] = 'resolved'\n"
-            "except OSError as exc:\n"
-            "    r['dns'] = type(exc).__name__\n"
-            "try:\n"
-            "    loopback()\n"
-            "    r['own_loopback'] = 'connected'\n"
-            "except OSError as exc:\n"
-            "    r['own_loopback'] = f'{type(exc).__name__}: {exc}'\n"
-            "print('REPORT ' + json.dumps(r), flush=True)\n"
-        )
-        lines = Lines()
-        try:
-            result = await runtime.run_sandboxed(box.spec(code), lines)
-            try:
-                conn, _ = host.accept()
-                conn.close()
-                reached = True
-            except BlockingIOError:
-                reached = False
-        finally:
-            host.close()
-        assert result.exit_status == 0, lines.lines
-        report = lines.report()
-        assert report["public"] != "connected"
-        assert report["host_loopback"] != "connected"
-        assert report["dns"] == "gaierror"
-        assert not reached
-        # docs/agent-contract.md: "no TCP, UDP or DNS; loopback only": the sandbox's own loopback works.
-        assert report["own_loopback"] == "connected"
-
-    async def test_the_agents_python_is_its_own(self, runtime: Runtime, box: Box) -> None:
-        """``python3`` on PATH is the agent environment's (docs/agent-contract.md, "The agent's Python
-        environment"): the client library imports, the harness and the evaluator do not, and the
-        environment is read-only."""
-        code = (
-            "import errno, json, sys\n"
-            "import ale.client, ale.policy, ale.protocol\n"
-            "r = {'prefix': sys.prefix, 'executable': sys.executable, 'importable': []}\n"
-            "for m in ('ale.runner', 'ale.agents', 'ale.core.release', 'ale_evaluator', 'trio'):\n"
-            "    try:\n"
-            "        __import__(m)\n"
-            "        r['importable'].append(m)\n"
-            "    except ImportError:\n"
-            "        pass\n"
-            "try:\n"
-            "    open(sys.prefix + '/probe', 'w')\n"
-            "    r['write'] = 'written'\n"
-            "except OSError as exc:\n"
-            "    r['write'] = errno.errorcode[exc.errno]\n"
-            "print('REPORT ' + json.dumps(r), flush=True)\n"
-        )
-        lines = Lines()
-        result = await runtime.run_sandboxed(attrs.evolve(box.spec(code), command=("python3", "-c", code)), lines)
-        assert result.exit_status == 0, lines.lines
-        report = lines.report()
-        assert report["prefix"] == agent_env.MOUNT_POINT
-        assert report["executable"] == f"{agent_env.MOUNT_POINT}/bin/python3"
-        assert report["importable"] == []
-        assert report["write"] == "EROFS", report
-
-    async def test_agent_contract_paths(self, runtime: Runtime, box: Box) -> None:
-        """/workspace (writable), /task (read-only), /ale/evaluator.sock, HOME, cwd: for every runtime."""
-        code = (
-            "import json, os, socket\n"
-            "r = {'cwd': os.getcwd(), 'home': os.environ.get('HOME'), 'env': sorted(os.environ)}\n"
-            "try:\n"
-            "    open('/workspace/made-inside', 'w').write('hello')\n"
-            "    r['workspace'] = 'written'\n"
-            "except OSError as exc:\n"
-            "    r['workspace'] = type(exc).__name__\n"
-            "try:\n"
-            "    r['task'] = json.load(open('/task/task.json'))\n"
-            "except OSError as exc:\n"
-            "    r['task'] = type(exc).__name__\n"
-            "try:\n"
-            "    open('/task/task.json', 'a').write('x')\n"
-            "    r['task_write'] = 'written'\n"
-            "except OSError as exc:\n"
-            "    r['task_write'] = type(exc).__name__\n"
-            "s = socket.socket(socket.AF_UNIX)\n"
-            "try:\n"
-            "    s.connect('/ale/evaluator.sock')\n"
-            "    r['socket'] = 'connected'\n"
-            "except OSError as exc:\n"
-            "    r['socket'] = type(exc).__name__\n"
-            "s.close()\n"
-            "print('REPORT ' + json.dumps(r), flush=True)\n"
-        )
-        lines = Lines()
-        try:
-            result = await runtime.run_sandboxed(box.spec(code), lines)
-            accepted = box.accepted()
-        finally:
-            box.close()
-        assert result.exit_status == 0, lines.lines
-        report = lines.report()
-        assert report["cwd"] == "/workspace"
-        assert report["home"] == "/workspace"
-        assert report["workspace"] == "written"
-        assert (box.workspace / "made-inside").read_text() == "hello"
-        assert report["task"] == {"id": "conformance"}
-        assert report["task_write"] != "written"
-        assert report["socket"] == "connected"
-        assert accepted == 1
-        # Only the spec's variables and ALE_EVENT_FD (plus what the process adds itself).
-        extra = set(report["env"]) - {"HOME", "PATH", "ALE_TEST", "ALE_EVENT_FD", "PWD", "LC_CTYPE", "SHLVL", "_"}
-        assert extra == set()
-
-    async def test_read_only_workspace(self, runtime: Runtime, box: Box) -> None:
-        (box.workspace / "policy").write_text("kept")
-        (box.workspace / "policy").chmod(0o666)  # only the read-only mount protects it
-        code = (
-            "import json\n"
-            "r = {'read': open('/workspace/policy').read()}\n"
-            "try:\n"
-            "    open('/workspace/policy', 'w').write('changed')\n"
-            "    r['write'] = 'written'\n"
-            "except OSError as exc:\n"
-            "    r['write'] = type(exc).__name__\n"
-            "print('REPORT ' + json.dumps(r), flush=True)\n"
-        )
-        lines = Lines()
-        result = await runtime.run_sandboxed(box.spec(code, writable=False), lines)
-        assert result.exit_status == 0, lines.lines
-        assert lines.report() == {"read": "kept", "write": "OSError"}
-        assert (box.workspace / "policy").read_text() == "kept"
-
-    async def test_workspace_size_is_watched(self, runtime: Runtime, box: Box) -> None:
-        code = (
-            "import os, time\n"
-            "with open('/workspace/big', 'wb') as fh:\n"
-            "    fh.write(os.urandom(3 << 20))\n"
-            "print('written', flush=True)\n"
-            "time.sleep(600)\n"
-        )
-        lines = Lines()
-        spec = box.spec(code, wall_time_s=30, limits=Limits(workspace_bytes=1 << 20))
-        result = await runtime.run_sandboxed(spec, lines)
-        assert lines.of("stdout") == ["written"], lines.lines
-        assert result.stopped_for == "disk"
-        assert result.wall_time_s < 10
-
-    async def test_unprivileged_without_capabilities(self, runtime: Runtime, box: Box) -> None:
-        code = (
-            "import json, os\n"
-            "status = dict(l.split(':', 1) for l in open('/proc/self/status').read().splitlines() if ':' in l)\n"
-            "r = {k: status[k].split() for k in ('Uid', 'CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs')}\n"
-            "print('REPORT ' + json.dumps(r), flush=True)\n"
-        )
-        lines = Lines()
-        result = await runtime.run_sandboxed(box.spec(code), lines)
-        assert result.exit_status == 0, lines.lines
-        report = lines.report()
-        assert "0" not in report["Uid"]
-        if os.geteuid() == 0:  # started as root: dropped to one unprivileged uid (the run's own, or nobody)
-            assert len(set(report["Uid"])) == 1
-            assert int(report["Uid"][0]) >= 1000, report["Uid"]
-        assert int(report["CapEff"][0], 16) == 0
-        assert int(report["CapPrm"][0], 16) == 0
-        assert int(report["CapBnd"][0], 16) == 0
-        assert report["NoNewPrivs"] == ["1"]
+def test_docs_name_every_member_a_backend_implements() -> None:
+    """docs/runtime.md's table is exactly the Runtime protocol's members; its backends, the registry's."""
+    members = {m for m in vars(Runtime) if not m.startswith("_")} | set(Runtime.__annotations__)
+    assert _doc_table_names("What a backend implements") == members
+    assert _doc_table_names("Choosing a backend") == set(runtimes.names())
+    sandboxed = {m for m in vars(supervise.Sandboxed) | vars(supervise.Killable) if not m.startswith("_")}
+    sandboxed |= set(supervise.Sandboxed.__annotations__)
+    doc = (ROOT / "docs" / "runtime.md").read_text()
+    assert all(f"`{m}" in doc for m in sandboxed), sandboxed

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
 import pytest
 
 from ale.runner import agent_env, sandbox
 from ale.runner.agent_env import AgentEnv, Interpreter
-from ale.runner.sandbox import SandboxSpec, bwrap_argv
+from ale.runner.runtime import Network, SandboxSpec, sandbox_path
+from ale.runner.sandbox import bwrap_argv
 
 INTERPRETER = Interpreter(
     executable="/tmp/ci-tool-cache/python3.11/bin/python3.11",
@@ -57,7 +59,7 @@ def test_private_tmp_is_mounted_before_an_interpreter_under_tmp(tmp_path: Path) 
 def test_agent_env_is_mounted_read_only_at_its_mount_point(tmp_path: Path) -> None:
     argv = bwrap_argv(_spec(tmp_path), as_root=True)
     assert (str(tmp_path / "agent-env"), agent_env.MOUNT_POINT) in [(s, d) for _, s, d in _ro_binds(argv)]
-    assert sandbox.sandbox_path().startswith(f"{agent_env.MOUNT_POINT}/bin:")
+    assert sandbox_path().startswith(f"{agent_env.MOUNT_POINT}/bin:")
 
 
 def test_hidden_folders_are_covered_by_the_empty_folder_after_their_tree(tmp_path: Path) -> None:
@@ -149,3 +151,11 @@ def test_the_cgroup_entry_writes_its_pid_then_execs(tmp_path: Path) -> None:
         capture_output=True,
     )
     assert bad.returncode == 125  # cannot enter: does not run the command
+
+
+def test_bwrap_argv_gives_a_fresh_network_namespace_and_refuses_a_gateway(tmp_path: Path) -> None:
+    """Network.NONE is --unshare-net; the local sandbox has no gateway attachment, so no argv for one."""
+    assert "--unshare-net" in bwrap_argv(_spec(tmp_path), as_root=True)
+    gateway = attrs.evolve(_spec(tmp_path), network=Network.GATEWAY, gateway_socket=tmp_path / "gw.sock")
+    with pytest.raises(ValueError, match="'gateway' network attachment"):
+        bwrap_argv(gateway, as_root=True)

@@ -32,7 +32,8 @@ from ale.runner import harness as harness_module
 from ale.runner.harness import AgentSpec, Harness, RunOptions
 from ale.runner.local import LocalRuntime
 from ale.runner.progress import PlainProgress
-from ale.runner.sandbox import SANDBOX_UID, sandbox_path
+from ale.runner.runtime import sandbox_path
+from ale.runner.sandbox import SANDBOX_UID
 
 PY = agent_env.PYTHON  # the sandbox's own interpreter
 TASK = "cartpole-balance"

@@ -25,7 +25,7 @@ from sandbox_tools import backends, make_runtime, missing, need_bwrap
 
 from ale.runner import agent_env, sandbox, seccomp
 from ale.runner.local import LocalRuntime
-from ale.runner.sandbox import SandboxSpec
+from ale.runner.runtime import SandboxSpec, sandbox_path
 
 PY = agent_env.PYTHON  # the sandbox's own interpreter (docs/agent-contract.md)
 AUDIT_ARCH_I386 = 0x40000003
@@ -322,7 +322,7 @@ def report(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
             workspace_writable=True,
             task_dir=task,
             evaluator_socket=folder / "evaluator.sock",
-            env={"HOME": "/workspace", "PATH": sandbox.sandbox_path()},
+            env={"HOME": "/workspace", "PATH": sandbox_path()},
             wall_time_s=60,
         )
         lines: list[tuple[str, bytes]] = []

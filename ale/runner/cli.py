@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ale import __version__, catalog
-from ale.runner import agent_env
+from ale.runner import agent_env, runtimes
 from ale.runner.harness import AgentSpec
+from ale.runner.runtime import Runtime
 
 if TYPE_CHECKING:
     from ale.core.release import ReleaseManifest
@@ -200,12 +201,19 @@ def _report(record: Any, run_score: Any, key_path: Path | None) -> None:
         )
 
 
+def _runtime(name: str) -> Runtime:
+    try:
+        return runtimes.make(name)
+    except runtimes.UnknownRuntime as exc:
+        raise CliError(f"--runtime: {exc}") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ale.runner import bundle_writer
     from ale.runner.harness import Harness, RunOptions
-    from ale.runner.local import LocalRuntime
     from ale.runner.progress import LiveProgress, PlainProgress
 
+    runtime = _runtime(args.runtime)
     manifest, digest, name = _release(args)
     tasks = _run_tasks(args, manifest)
     out_dir = _writable_out(args)
@@ -226,7 +234,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
     progress = PlainProgress() if plain else LiveProgress(tasks)
-    record, status = _drive(Harness(options, LocalRuntime(), progress), progress)
+    record, status = _drive(Harness(options, runtime, progress), progress)
     if record is None:
         return status
     try:
@@ -318,6 +326,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--token", help="API token for --site (default: $ALE_TOKEN)")
     run.add_argument("--runner-key", help="a registered runner's Ed25519 private key (PEM): sign the bundle")
     run.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
+    run.add_argument(
+        "--runtime",
+        default=runtimes.DEFAULT,
+        metavar="NAME",
+        help=f"where the evaluator and the agent's sandbox run: {', '.join(runtimes.names())} "
+        f"(default {runtimes.DEFAULT}: a child process and bubblewrap); the manifest records it",
+    )
     release_args(run)
     run.set_defaults(func=cmd_run)
 

@@ -44,8 +44,21 @@ from ale.runner import agent_env
 from ale.runner._groups import collapse
 from ale.runner.progress import Progress
 from ale.runner.recorder import Recorder, clip_text, open_recorder
-from ale.runner.runtime import EvaluatorHandle, EvaluatorSpec, EvaluatorStartError, LineSink, Runtime, SandboxError
-from ale.runner.sandbox import SANDBOX_UID, SOCKET_PATH, TASK_PATH, WORKSPACE_PATH, Limits, SandboxSpec, sandbox_path
+from ale.runner.runtime import (
+    SOCKET_PATH,
+    TASK_PATH,
+    WORKSPACE_PATH,
+    EvaluatorHandle,
+    EvaluatorSpec,
+    EvaluatorStartError,
+    Limits,
+    LineSink,
+    Runtime,
+    SandboxError,
+    SandboxSpec,
+    sandbox_path,
+)
+from ale.runner.sandbox import SANDBOX_UID
 
 AGENT_EVENT_KINDS = frozenset(grammar.AGENT_CHANNEL_KINDS)  # what the agent may write on ALE_EVENT_FD
 #: an event-channel line is parsed only up to this size (the runtime cuts longer lines)

@@ -29,8 +29,8 @@ import attrs
 import trio
 
 from ale.runner import cgroups, sandbox_fs, seccomp, uids
-from ale.runner.runtime import SandboxError
-from ale.runner.sandbox import SANDBOX_UID, Limits, SandboxSpec
+from ale.runner.runtime import Limits, SandboxError, SandboxSpec
+from ale.runner.sandbox import SANDBOX_UID
 
 
 @attrs.frozen

@@ -1,4 +1,8 @@
-"""The embedded local runtime: the evaluator as a child process, the agent under bubblewrap."""
+"""The embedded local runtime: the evaluator as a child process, the agent under bubblewrap.
+
+It starts (:func:`ale.runner.sandbox.bwrap_argv`), observes (pipes and the event channel) and
+kills (:func:`_signal_sandbox`); supervising the run is :mod:`ale.runner.supervise`'s.
+"""
 
 from __future__ import annotations
 
@@ -21,22 +25,22 @@ import trio.lowlevel
 
 from ale.core import attestation
 from ale.core.parse import ParseError, parse_json
-from ale.runner import agent_env, isolation, sandbox, seccomp
+from ale.runner import agent_env, isolation, sandbox, seccomp, supervise
 from ale.runner._groups import collapse
 from ale.runner.isolation import SandboxResources
 from ale.runner.runtime import (
     EvaluatorSpec,
     EvaluatorStartError,
+    Limits,
     LineSink,
+    Network,
     RuntimeUnavailable,
     SandboxError,
     SandboxResult,
+    SandboxSpec,
 )
 
 READY_TIMEOUT_S = 60.0
-KILL_GRACE_S = 5.0
-MAX_LINE = 64 * 1024
-MAX_STREAM_BYTES = 8 * 1024 * 1024
 
 
 def code_digest() -> dict[str, Any]:
@@ -65,78 +69,6 @@ def code_digest() -> dict[str, Any]:
         "dependency_lock_sha256": attestation.dependency_lock_sha256(installed),
         "python": sys.version.split()[0],
     }
-
-
-@attrs.define
-class _LineSplitter:
-    """Splits a byte stream into lines, capping the total it passes on. A line longer than MAX_LINE
-    is passed on in pieces of MAX_LINE (output text), or, with ``cut``, only its first MAX_LINE bytes
-    (the event channel: one line, one JSON value); the rest of it is counted as dropped."""
-
-    stream: str
-    sink: LineSink
-    budget: int = MAX_STREAM_BYTES
-    cut: bool = False
-    buf: bytearray = attrs.Factory(bytearray)
-    dropped: int = 0
-    skipping: bool = False  # inside the rest of a cut line
-
-    def feed(self, data: bytes | bytearray) -> None:
-        self.buf += data
-        while True:
-            cut = self.buf.find(b"\n")
-            if self.skipping:
-                self.dropped += len(self.buf) if cut < 0 else cut + 1
-                del self.buf[: len(self.buf) if cut < 0 else cut + 1]
-                self.skipping = cut < 0
-                if cut < 0:
-                    return
-                continue
-            if cut < 0:
-                if len(self.buf) > MAX_LINE:
-                    self._line(bytes(self.buf[:MAX_LINE]))
-                    del self.buf[:MAX_LINE]
-                    self.skipping = self.cut
-                    continue
-                return
-            self._line(bytes(self.buf[:cut]))
-            del self.buf[: cut + 1]
-
-    def _line(self, line: bytes) -> None:
-        if self.budget <= 0:
-            self.dropped += len(line) + 1
-            return
-        line = line[:MAX_LINE]
-        self.budget -= len(line) + 1
-        self.sink(self.stream, line)
-
-    def close(self) -> None:
-        if self.buf and not self.skipping:
-            self._line(bytes(self.buf))
-        self.dropped += len(self.buf) if self.skipping else 0
-        self.buf.clear()
-
-
-async def _pump(stream: trio.abc.ReceiveStream, splitter: _LineSplitter) -> None:
-    try:
-        while chunk := await stream.receive_some(65536):
-            splitter.feed(chunk)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
-    splitter.close()
-
-
-def _dir_size(path: Path, limit: int) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                continue
-            if total > limit:
-                return total
-    return total
 
 
 @attrs.define
@@ -184,43 +116,70 @@ def _pid_namespace(pid: int) -> str:
         return ""
 
 
-async def _terminate(process: trio.Process, *, group: bool) -> None:
-    """SIGTERM (to the whole tree: a sandboxed agent sits in its own session), then SIGKILL."""
+def _signal_sandbox(pid: int, sig: int) -> None:
+    """Signal a sandbox started in its own session: SIGTERM to its own processes only, SIGKILL to all.
 
-    def send(sig: int) -> None:
-        targets = _descendants(process.pid) if group else []
-        if group and sig == signal.SIGTERM:
-            # Only the sandbox's own processes: SIGTERM to timeout(1) or the outer bwrap ends the
-            # sandbox's PID namespace at once (SIGKILL), before the agent's handler can run.
-            targets = [pid for pid in targets if _pid_namespace(pid) not in ("", _pid_namespace(os.getpid()))]
-            for pid in reversed(targets):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-            return
-        for pid in reversed(targets):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+    SIGTERM to timeout(1) or the outer bwrap would end the sandbox's PID namespace at once
+    (SIGKILL), before the agent's handler could run; so SIGTERM goes only to the processes inside
+    that namespace, SIGKILL to every descendant and the session's process group.
+    """
+    targets = _descendants(pid)
+    if sig == signal.SIGTERM:
+        host = _pid_namespace(os.getpid())
+        targets = [p for p in targets if _pid_namespace(p) not in ("", host)]
+    for target in reversed(targets):
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if group:
-                os.killpg(process.pid, sig)
-            else:
-                process.send_signal(sig)
+            os.kill(target, sig)
+    if sig == signal.SIGKILL:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
 
-    if process.returncode is not None:
-        return
-    with trio.CancelScope(shield=True):
-        send(signal.SIGTERM)
-        with trio.move_on_after(KILL_GRACE_S):
-            await process.wait()
-        if process.returncode is None:
-            send(signal.SIGKILL)
-            await process.wait()
+
+@attrs.define
+class _Child:
+    """A child process (the evaluator) as supervision's Killable: signals go to it alone."""
+
+    process: trio.Process
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    def send_term(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGTERM)
+
+    def send_kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGKILL)
+
+
+@attrs.define
+class _Sandbox(_Child):
+    """A bubblewrap sandbox as supervision's Sandboxed: its output pipes and event channel."""
+
+    stdout: trio.abc.ReceiveStream
+    stderr: trio.abc.ReceiveStream
+    events: trio.abc.ReceiveStream  # the event channel's read end (an FdStream)
+
+    def send_term(self) -> None:
+        _signal_sandbox(self.process.pid, signal.SIGTERM)
+
+    def send_kill(self) -> None:
+        _signal_sandbox(self.process.pid, signal.SIGKILL)
+
+    async def aclose(self) -> None:
+        await self.events.aclose()
 
 
 class LocalRuntime:
     """Evaluator as a child process; the agent under bubblewrap."""
 
     name = "local"
+    networks = frozenset({Network.NONE})
 
     def __init__(self) -> None:
         self._sandbox_kind: str | None = None
@@ -279,7 +238,7 @@ class LocalRuntime:
 
         def on_stdout(_s: str, line: bytes) -> None:
             try:
-                msg = parse_json(line, what="the evaluator's stdout", max_bytes=MAX_LINE)
+                msg = parse_json(line, what="the evaluator's stdout", max_bytes=supervise.MAX_LINE)
             except ParseError:
                 return
             if isinstance(msg, dict) and msg.get("event") == "ready":
@@ -291,23 +250,10 @@ class LocalRuntime:
         try:
             with collapse():
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(_pump, process.stderr, _LineSplitter("stderr", on_stderr))
-                    nursery.start_soon(_pump, process.stdout, _LineSplitter("stdout", on_stdout))
-                    with trio.move_on_after(READY_TIMEOUT_S):
-                        async with trio.open_nursery() as waiter:
-
-                            async def _exited() -> None:
-                                await process.wait()
-                                waiter.cancel_scope.cancel()
-
-                            async def _ready() -> None:
-                                await ready.wait()
-                                waiter.cancel_scope.cancel()
-
-                            waiter.start_soon(_exited)
-                            waiter.start_soon(_ready)
-                    if not ready.is_set():
-                        await _terminate(process, group=False)
+                    nursery.start_soon(supervise.pump, process.stderr, supervise.LineSplitter("stderr", on_stderr))
+                    nursery.start_soon(supervise.pump, process.stdout, supervise.LineSplitter("stdout", on_stdout))
+                    if not await supervise.until_ready(_Child(process), ready, READY_TIMEOUT_S):
+                        await supervise.stop(_Child(process))
                         await trio.sleep(0.1)
                         raise EvaluatorStartError(
                             f"the evaluator for {spec.task_id} did not become ready "
@@ -316,43 +262,42 @@ class LocalRuntime:
                     try:
                         yield handle
                     finally:
-                        await _terminate(process, group=False)
+                        await supervise.stop(_Child(process))
                         nursery.cancel_scope.cancel()
         finally:
             if process.returncode is None:
-                await _terminate(process, group=False)
+                await supervise.stop(_Child(process))
 
-    def open_workspace(self, workspace: Path, limits: sandbox.Limits) -> AbstractAsyncContextManager[None]:
+    def open_workspace(self, workspace: Path, limits: Limits) -> AbstractAsyncContextManager[None]:
         return self.isolation.open_workspace(workspace, limits)
 
     async def run_sandboxed(
         self,
-        spec: sandbox.SandboxSpec,
+        spec: SandboxSpec,
         sink: LineSink,
         *,
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
+        if spec.network not in self.networks:
+            raise SandboxError(f"the local runtime has no {spec.network.value!r} network attachment (only 'none')")
         if spec.agent_env is None:  # the client library alone
             try:
                 spec = attrs.evolve(spec, agent_env=await trio.to_thread.run_sync(agent_env.ensure))
             except agent_env.AgentEnvError as exc:
                 raise SandboxError(str(exc)) from None
         async with self.isolation.open_sandbox(spec) as resources:
-            return await self._supervise(spec, sink, should_stop, resources)
+            started = time.monotonic()
+            return await supervise.supervise(
+                spec, await self._start(spec, resources), sink, should_stop, started=started
+            )
 
-    async def _supervise(
-        self,
-        spec: sandbox.SandboxSpec,
-        sink: LineSink,
-        should_stop: Callable[[], Awaitable[str]] | None,
-        resources: SandboxResources,
-    ) -> SandboxResult:
+    async def _start(self, spec: SandboxSpec, resources: SandboxResources) -> _Sandbox:
+        """Start bwrap with the spec's argv, the event channel's write end and the seccomp filter."""
         read_fd, write_fd = os.pipe()
         spec = attrs.evolve(spec, env={**spec.env, "ALE_EVENT_FD": str(write_fd)})
         flt = self.isolation.filter
         seccomp_fd = seccomp.program_fd(flt) if flt is not None else None
         argv = sandbox.bwrap_argv(spec, seccomp_fd=seccomp_fd, **resources.argv_kwargs())
-        started = time.monotonic()
         try:
             process = await trio.lowlevel.open_process(
                 argv,
@@ -369,58 +314,6 @@ class LocalRuntime:
             os.close(write_fd)
             if seccomp_fd is not None:
                 os.close(seccomp_fd)
-        splitters = [
-            _LineSplitter("stdout", sink),
-            _LineSplitter("stderr", sink),
-            _LineSplitter("event", sink, cut=True),
-        ]
-        stopped_for = ""
-        events = trio.lowlevel.FdStream(read_fd)
         assert process.stdout is not None
         assert process.stderr is not None
-        try:
-            with collapse():
-                async with trio.open_nursery() as readers:
-                    readers.start_soon(_pump, process.stdout, splitters[0])
-                    readers.start_soon(_pump, process.stderr, splitters[1])
-                    readers.start_soon(_pump, events, splitters[2])
-                    async with trio.open_nursery() as watch:
-
-                        async def watchdog() -> None:
-                            nonlocal stopped_for
-                            while True:
-                                await trio.sleep(1.0)
-                                size = await trio.to_thread.run_sync(
-                                    _dir_size, spec.workspace, spec.limits.workspace_bytes
-                                )
-                                if size > spec.limits.workspace_bytes:
-                                    stopped_for = "disk"
-                                    break
-                                if should_stop is not None and (reason := await should_stop()):
-                                    stopped_for = reason
-                                    break
-                            await _terminate(process, group=True)
-
-                        watch.start_soon(watchdog)
-                        with trio.move_on_after(spec.wall_time_s):
-                            await process.wait()
-                        if process.returncode is None and not stopped_for:
-                            stopped_for = "wall_time"
-                            await _terminate(process, group=True)
-                        await process.wait()
-                        watch.cancel_scope.cancel()
-                    readers.cancel_scope.deadline = trio.current_time() + 2.0
-        finally:
-            # Whatever ended the wait (a cancellation, an error), the sandbox does not outlive it.
-            if process.returncode is None:
-                stopped_for = stopped_for or "cancelled"
-                await _terminate(process, group=True)
-            with trio.CancelScope(shield=True):
-                await events.aclose()
-        exit_status = process.returncode if not stopped_for else None
-        return SandboxResult(
-            exit_status=exit_status,
-            stopped_for=stopped_for,
-            wall_time_s=time.monotonic() - started,
-            dropped_output_bytes=sum(s.dropped for s in splitters),
-        )
+        return _Sandbox(process, process.stdout, process.stderr, trio.lowlevel.FdStream(read_fd))

@@ -1,21 +1,29 @@
 """The runtime interface: where the evaluator and the agent's sandbox run.
 
-The embedded **local** runtime (:mod:`ale.runner.local`) runs the evaluator as a child process
-and the agent under bubblewrap; OCI runtimes (podman, docker) implement the same interface with
-images run by digest. One conformance suite (``tests/test_runtime_conformance.py``) runs against
-every backend the machine has.
+Everything a backend is given is defined here: :class:`SandboxSpec` with its :class:`Limits` and
+:class:`Network` attachment, :class:`EvaluatorSpec`, and the agent-contract paths
+(:data:`WORKSPACE_PATH`, :data:`TASK_PATH`, :data:`SOCKET_PATH`) every backend mounts the same way
+(docs/agent-contract.md). The embedded **local** runtime (:mod:`ale.runner.local`) runs the
+evaluator as a child process and the agent under bubblewrap; OCI runtimes (podman, docker) will
+implement the same interface with images run by digest. Backends are found by name in
+:mod:`ale.runner.runtimes` (``ale run --runtime NAME``). Supervision (output caps, the
+workspace watchdog, ``should_stop``, the wall time, the stop sequence) is shared code,
+:mod:`ale.runner.supervise`: a backend only starts, observes and kills. The conformance suite,
+:mod:`ale.runner.conformance`, checks a backend against this interface.
 
 Exceptions a backend may raise:
 
 * :class:`RuntimeUnavailable`: the backend cannot work on this machine (tool missing, no
   permission); raised by ``check()`` before anything starts.
 * :class:`EvaluatorStartError`: the evaluator did not become ready (the message has its stderr).
-* :class:`SandboxError`: the sandbox could not be started at all (not: the agent failed, which
-  is a normal :class:`SandboxResult`).
+* :class:`SandboxError`: the sandbox could not be started at all, including a spec the backend
+  does not support (a network attachment it lacks); not: the agent failed, which is a normal
+  :class:`SandboxResult`.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
@@ -23,7 +31,64 @@ from typing import Any, Protocol
 
 import attrs
 
-from ale.runner.sandbox import Limits, SandboxSpec
+from ale.runner.agent_env import MOUNT_POINT as PYTHON_PATH
+from ale.runner.agent_env import AgentEnv
+
+# The agent contract's paths inside every sandbox (docs/agent-contract.md).
+SOCKET_PATH = "/ale/evaluator.sock"  # the evaluator's agent endpoint
+TASK_PATH = "/task"  # the task's paper and card, read-only
+WORKSPACE_PATH = "/workspace"  # the agent's workspace, its cwd and HOME
+EVENT_FD = 3  # the usual number of the event channel's descriptor (its number is in ALE_EVENT_FD)
+
+
+def sandbox_path() -> str:
+    """PATH inside the sandbox: the agent environment's bin folder first (docs/agent-contract.md)."""
+    return f"{PYTHON_PATH}/bin:/usr/bin:/bin"
+
+
+class Network(enum.Enum):
+    """The sandbox's network attachment.
+
+    ``NONE``: a network namespace of its own with only its loopback. ``GATEWAY``: that, plus the
+    socket of a gateway (``SandboxSpec.gateway_socket``) through which a later issue lets chosen
+    traffic out. The local runtime supports ``NONE`` only (a ``GATEWAY`` spec is a SandboxError).
+    """
+
+    NONE = "none"
+    GATEWAY = "gateway"
+
+
+@attrs.frozen
+class Limits:
+    memory_bytes: int = 8 * 1024**3  # address space of each process (RLIMIT_AS)
+    processes: int = 256  # the sandbox's cgroup pids.max, and RLIMIT_NPROC of the sandbox uid
+    file_bytes: int = 1024**3  # largest file (RLIMIT_FSIZE)
+    open_files: int = 1024
+    tmp_bytes: int = 512 * 1024**2  # the private /tmp
+    workspace_bytes: int = 2 * 1024**3  # the workspace filesystem's size, also watched by supervision
+    sandbox_memory_bytes: int = 8 * 1024**3  # all the sandbox's processes together (its memory cgroup)
+    cpus: float = 1.0  # CPU quota of the sandbox's cgroup, in CPUs
+
+
+def _check_gateway(spec: SandboxSpec, _attribute: object, value: Path | None) -> None:
+    if (spec.network is Network.GATEWAY) != (value is not None):
+        raise ValueError("a gateway socket is given exactly when the network attachment is 'gateway'")
+
+
+@attrs.frozen
+class SandboxSpec:
+    command: tuple[str, ...]
+    workspace: Path  # host folder mounted at WORKSPACE_PATH
+    workspace_writable: bool
+    task_dir: Path  # host folder mounted read-only at TASK_PATH
+    evaluator_socket: Path  # host socket mounted at SOCKET_PATH
+    env: dict[str, str]  # the whole environment (plus ALE_EVENT_FD, which the runtime adds)
+    limits: Limits = Limits()
+    wall_time_s: float = 3600.0
+    agent_env: AgentEnv | None = None  # the agent's Python (ale.runner.agent_env); the runtime's default when None
+    network: Network = Network.NONE
+    gateway_socket: Path | None = attrs.field(default=None, validator=_check_gateway)
+
 
 #: Called with ("stdout" | "stderr" | "event", one line of bytes without its newline).
 LineSink = Callable[[str, bytes], None]
@@ -70,7 +135,8 @@ class EvaluatorHandle(Protocol):
 
 
 class Runtime(Protocol):
-    name: str
+    name: str  # its registry name (ale.runner.runtimes), recorded in the manifest as runtime.runtime
+    networks: frozenset[Network]  # the network attachments run_sandboxed supports
 
     def check(self) -> None:
         """Raise RuntimeUnavailable unless this backend can run here."""
@@ -93,4 +159,6 @@ class Runtime(Protocol):
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
         """Run a command in the sandbox until it exits, its wall time runs out, or ``should_stop``
-        returns a reason (polled about once a second). Output lines go to ``sink``."""
+        returns a reason (polled about once a second). Output lines go to ``sink``. A backend
+        starts the sandbox and hands it to :func:`ale.runner.supervise.supervise`, which does the
+        rest. A spec whose ``network`` is not in ``networks`` is a SandboxError before anything starts."""

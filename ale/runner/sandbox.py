@@ -1,6 +1,8 @@
 """The agent sandbox of the local runtime: a bubblewrap command line.
 
-Building the argv is pure; running it is :mod:`ale.runner.local`'s job. The sandbox gets no
+Building the argv is pure; running it is :mod:`ale.runner.local`'s job. What goes in (the
+:class:`~ale.runner.runtime.SandboxSpec`, its limits and the agent-contract paths) is the runtime
+interface's (:mod:`ale.runner.runtime`). The sandbox gets no
 network namespace access (a fresh, empty network namespace: loopback only), its own PID, IPC
 and UTS namespaces, a private size-limited /tmp, its workspace, the read-only task files, the
 evaluator's agent socket, and its own read-only Python environment (:mod:`ale.runner.agent_env`);
@@ -16,41 +18,11 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-import attrs
-
 from ale.runner.agent_env import MOUNT_POINT as PYTHON_PATH
 from ale.runner.agent_env import AgentEnv
+from ale.runner.runtime import SOCKET_PATH, TASK_PATH, WORKSPACE_PATH, Network, SandboxSpec
 
 SANDBOX_UID = 65534  # nobody: the sandbox uid without root (and without a claimed per-run uid)
-SOCKET_PATH = "/ale/evaluator.sock"
-TASK_PATH = "/task"
-WORKSPACE_PATH = "/workspace"
-EVENT_FD = 3
-
-
-@attrs.frozen
-class Limits:
-    memory_bytes: int = 8 * 1024**3  # address space of each process (RLIMIT_AS)
-    processes: int = 256  # the sandbox's cgroup pids.max, and RLIMIT_NPROC of the sandbox uid
-    file_bytes: int = 1024**3  # largest file (RLIMIT_FSIZE)
-    open_files: int = 1024
-    tmp_bytes: int = 512 * 1024**2  # the private /tmp
-    workspace_bytes: int = 2 * 1024**3  # the workspace filesystem's size, also watched by the runtime
-    sandbox_memory_bytes: int = 8 * 1024**3  # all the sandbox's processes together (its memory cgroup)
-    cpus: float = 1.0  # CPU quota of the sandbox's cgroup, in CPUs
-
-
-@attrs.frozen
-class SandboxSpec:
-    command: tuple[str, ...]
-    workspace: Path
-    workspace_writable: bool
-    task_dir: Path
-    evaluator_socket: Path
-    env: dict[str, str]
-    limits: Limits = Limits()
-    wall_time_s: float = 3600.0
-    agent_env: AgentEnv | None = None  # the agent's Python (ale.runner.agent_env); the runtime's default when None
 
 
 class SandboxUnavailable(RuntimeError):
@@ -78,10 +50,6 @@ def _parents(path: Path) -> list[Path]:
     return [p for p in reversed(path.parents) if str(p) != "/"]
 
 
-def sandbox_path() -> str:
-    return f"{PYTHON_PATH}/bin:/usr/bin:/bin"
-
-
 #: The first process of a sandbox writes its pid into each cgroup.procs file named before "--",
 #: then execs the rest: everything the sandbox starts is in its cgroup from birth.
 ENTER_CGROUP = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
@@ -106,6 +74,8 @@ def bwrap_argv(
     the sandbox's /tmp (else bwrap's ``--size`` tmpfs), ``cgroup_procs`` the sandbox cgroup's
     ``cgroup.procs`` files.
     """
+    if spec.network is not Network.NONE:
+        raise ValueError(f"the local runtime's sandbox has no {spec.network.value!r} network attachment")
     as_root = os.geteuid() == 0 if as_root is None else as_root
     lim = spec.limits
     argv = []
