@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ale.core.parse import Scalar
+from ale.core.parse import Scalar, non_negative
 
 MANIFEST_SCHEMA = "ale-bundle-manifest/v1"
 FAITHFULNESS_SCHEMA = "ale-faithfulness/v1"
@@ -49,11 +49,6 @@ def _true(_inst: object, attr: attrs.Attribute[bool], value: bool) -> None:
         raise ValueError(f"{attr.name} must be true")
 
 
-def _non_negative(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
-    if value < 0:
-        raise ValueError(f"{attr.name} must not be negative")
-
-
 Genre = Literal["reproduction", "open"]
 Mode = Literal["interactive", "batch"]
 Digest = str
@@ -79,7 +74,7 @@ class AgentPhase:
     exit_status: int | None
     stopped_for: Literal["", "wall_time", "env_steps", "disk", "cancelled", "evaluator_died"]
     wall_time_s: float
-    env_steps: int = attrs.field(validator=_non_negative)
+    env_steps: int = attrs.field(validator=non_negative)
 
 
 @attrs.frozen
@@ -89,8 +84,8 @@ class ManifestTask:
     digest: Digest = attrs.field(validator=_digest)
     genre: Genre
     mode: Mode
-    official_episodes: int = attrs.field(validator=_non_negative)
-    episodes_run: int = attrs.field(validator=_non_negative)
+    official_episodes: int = attrs.field(validator=non_negative)
+    episodes_run: int = attrs.field(validator=non_negative)
     agent: AgentPhase
 
     @property
@@ -147,7 +142,7 @@ class UidDetails:
 @attrs.frozen
 class FilesystemDetails:
     kind: Literal["tmpfs"]
-    bytes_per_inode: int = attrs.field(validator=_non_negative)
+    bytes_per_inode: int = attrs.field(validator=non_negative)
 
 
 def _facility_consistent(inst: Any, _a: Any, details: Any) -> None:
@@ -210,7 +205,7 @@ class Challenge:
 @attrs.frozen
 class TrajectorySummary:
     schema: Literal["ale-trajectory-event/v1"]
-    events: int = attrs.field(validator=_non_negative)
+    events: int = attrs.field(validator=non_negative)
     chain_head: Digest = attrs.field(validator=_digest)
 
 
@@ -252,8 +247,8 @@ class TaskScoreClaim:
     score: float
     faithful: bool | None
     final: float
-    episodes: int = attrs.field(validator=_non_negative)
-    passed: int = attrs.field(validator=_non_negative)
+    episodes: int = attrs.field(validator=non_negative)
+    passed: int = attrs.field(validator=non_negative)
     pass_rate: float
 
 
@@ -306,15 +301,15 @@ class Faithfulness:
 
 @attrs.frozen
 class Requests:
-    total: int = attrs.field(validator=_non_negative)
-    allowed: int = attrs.field(validator=_non_negative)
-    denied: int = attrs.field(validator=_non_negative)
+    total: int = attrs.field(validator=non_negative)
+    allowed: int = attrs.field(validator=non_negative)
+    denied: int = attrs.field(validator=non_negative)
 
 
 @attrs.frozen
 class Usage:
-    input_tokens: int = attrs.field(validator=_non_negative)
-    output_tokens: int = attrs.field(validator=_non_negative)
+    input_tokens: int = attrs.field(validator=non_negative)
+    output_tokens: int = attrs.field(validator=non_negative)
 
 
 @attrs.frozen
@@ -330,7 +325,7 @@ class NetworkSummary:
 class Artifact:
     task: str
     path: str
-    bytes: int = attrs.field(validator=_non_negative)
+    bytes: int = attrs.field(validator=non_negative)
     sha256: Digest = attrs.field(validator=_digest)
 
 

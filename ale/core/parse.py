@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, get_args, get_origin
 
+import attrs
 import cattrs
 import orjson
 from cattrs.cols import homogenous_tuple_structure_factory, mapping_structure_factory
@@ -43,6 +44,12 @@ MAX_JSON_DEPTH = 64
 SAFE_INTEGER = 2**53 - 1
 _ORJSON_DEPTH = 1024  # orjson refuses deeper input itself, in C, before any Python recursion
 _MAX_REPORTED = 200
+
+
+def non_negative(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
+    """An attrs validator shared by the document models: an integer that is not below 0."""
+    if value < 0:
+        raise ValueError(f"{attr.name} must not be negative")
 
 
 def _clip(text: str) -> str:

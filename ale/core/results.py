@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import attrs
 
-from ale.core.parse import loads
+from ale.core.parse import loads, non_negative
 from ale.core.release import ReleaseManifest
 from ale.core.scoring import Aggregate, TaskScore, aggregate, score_task
 
@@ -28,17 +28,12 @@ def _finite(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
         raise ValueError(f"{attr.name} must be finite")
 
 
-def _non_negative(_inst: object, attr: attrs.Attribute[int], value: int) -> None:
-    if value < 0:
-        raise ValueError(f"{attr.name} must not be negative")
-
-
 @attrs.frozen
 class Episode:
-    index: int = attrs.field(validator=_non_negative)
+    index: int = attrs.field(validator=non_negative)
     seed_commitment: str  # 64 hex digits
     episode_return: float = attrs.field(validator=_finite)
-    length: int = attrs.field(validator=_non_negative)
+    length: int = attrs.field(validator=non_negative)
     success: bool
     safety_counts: dict[str, int]
     terminated: bool
@@ -55,7 +50,7 @@ class Episode:
 @attrs.frozen
 class SafetyRate:
     name: str
-    count: int = attrs.field(validator=_non_negative)
+    count: int = attrs.field(validator=non_negative)
     rate: float = attrs.field(validator=_finite)
 
 
@@ -69,13 +64,13 @@ class EvalResult:
     mode: Literal["interactive", "batch"]
     official: bool
     complete: bool
-    num_episodes: int = attrs.field(validator=_non_negative)
+    num_episodes: int = attrs.field(validator=non_negative)
     episodes: tuple[Episode, ...]
     headline_metric: str
     headline_direction: Literal["higher", "lower"]
     headline_value: float = attrs.field(validator=_finite)
     safety: tuple[SafetyRate, ...]
-    passed_episodes: int = attrs.field(validator=_non_negative)
+    passed_episodes: int = attrs.field(validator=non_negative)
     evaluator_version: str
 
 
