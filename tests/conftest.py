@@ -96,3 +96,18 @@ def make_evaluator(short_tmp: Path) -> Iterator[Callable[..., Evaluator]]:
 def evaluator(make_evaluator: Callable[..., Evaluator]) -> Evaluator:
     """The CartPole task's evaluator (fast), with a fixed run configuration."""
     return make_evaluator("cartpole-balance")
+
+
+@pytest.fixture
+def box() -> Iterator[Any]:
+    """Host folders for one sandbox (tests/sandbox_box.py), removed after the test; skips without
+    bubblewrap (and fails in CI, tests/sandbox_tools.py)."""
+    from sandbox_box import Box
+    from sandbox_tools import need_bwrap
+
+    need_bwrap()
+    made = Box()
+    try:
+        yield made
+    finally:
+        made.close()

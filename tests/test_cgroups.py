@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +21,6 @@ from ale.runner.local import LocalRuntime
 from ale.runner.runtime import Limits
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def box() -> Iterator[Box]:
-    need_bwrap()
-    made = Box()
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 @pytest.fixture(params=backends(), ids=[b.id for b in backends()])

@@ -2,24 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import trio
 from sandbox_box import Box, Lines
-from sandbox_tools import need_bwrap
 
 from ale.runner.local import LocalRuntime
-
-
-@pytest.fixture
-def box() -> Iterator[Box]:
-    need_bwrap()
-    made = Box()
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 async def test_sigterm_goes_to_the_sandboxed_processes_not_bwrap_so_a_slow_handler_finishes(box: Box) -> None:
