@@ -12,13 +12,15 @@ peer's input goes through :func:`echo`, so no value reaches a status message or 
 from __future__ import annotations
 
 import functools
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import gymnasium as gym
 import numpy as np
 from google.protobuf.message import DecodeError, Message
 
 from ale.env.v1 import env_pb2 as pb
+
+if TYPE_CHECKING:
+    import gymnasium as gym
 
 SERVICE_NAME = "ale.env.v1.AleEnv"
 PROTOCOL_VERSION = "ale.env.v1"
@@ -174,6 +176,8 @@ def decode_request(cls: type[M], raw: bytes) -> M:
 
 def encode_space(space: gym.Space[Any], out: pb.Space | None = None) -> pb.Space:
     """Encode a Box or Discrete space; other spaces are not part of v1."""
+    import gymnasium as gym  # here, so that the harness's RPC client loads without it
+
     msg = pb.Space() if out is None else out
     if isinstance(space, gym.spaces.Box):
         encode_tensor(space.low, msg.box.low)
@@ -188,6 +192,8 @@ def encode_space(space: gym.Space[Any], out: pb.Space | None = None) -> pb.Space
 
 def decode_space(msg: pb.Space) -> gym.spaces.Box | gym.spaces.Discrete:
     """Decode a Space message into a gymnasium space."""
+    import gymnasium as gym
+
     kind = msg.WhichOneof("space")
     if kind == "box":
         low = decode_tensor(msg.box.low, what="box.low")

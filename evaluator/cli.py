@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 from ale import catalog
+from ale.core.parse import JsonLimitError, ParseError, parse_json
 from ale_evaluator import __version__
 from ale_evaluator.events import EventLog
 from ale_evaluator.parallel import MAX_STEP_THREADS
@@ -51,12 +52,13 @@ def _address(socket: str | None, address: str | None, name: str) -> str:
     return unix_address(socket) if socket else str(address)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(args: argparse.Namespace, config: RunConfig | None = None) -> int:
     try:
         task = catalog.get_task(args.task)
     except catalog.UnknownTaskError as exc:
         raise CliError(str(exc)) from None
-    config = _read_run_config(args)
+    if config is None:
+        config = _read_run_config(args)
     rpc_cpu = default_rpc_cpu() if args.rpc_cpu == "auto" else None if args.rpc_cpu == "none" else int(args.rpc_cpu)
     all_cpus = None
     if rpc_cpu is not None:  # before any thread starts, so that the gRPC threads inherit it
@@ -107,6 +109,51 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if events_stream:
         events_stream.close()
     return 0
+
+
+MAX_STANDBY_BYTES = 64 * 1024
+
+
+def read_standby_job(raw: bytes) -> tuple[list[str], RunConfig]:
+    """The ``serve`` arguments and run configuration of a standby job (see :func:`cmd_standby`)."""
+    try:
+        job = parse_json(raw, what="the standby job", max_bytes=MAX_STANDBY_BYTES, max_depth=4)
+    except JsonLimitError as exc:  # never quote the job: it holds the run's secret
+        raise CliError(f"the standby job is past its {exc.limit} limit ({MAX_STANDBY_BYTES} bytes, 4 levels)") from None
+    except ParseError:
+        raise CliError("the standby job is not valid JSON") from None
+    if type(job) is not dict or set(job) != {"serve", "run_config"}:
+        raise CliError('the standby job must be an object with exactly "serve" and "run_config"')
+    argv, run_config = job["serve"], job["run_config"]
+    if type(argv) is not list or not all(type(a) is str for a in argv) or len(argv) > 64:
+        raise CliError('the standby job\'s "serve" must be a list of at most 64 strings')
+    if type(run_config) is not dict:
+        raise CliError('the standby job\'s "run_config" must be an object')
+    try:
+        return argv, RunConfig.from_json(json.dumps(run_config).encode())
+    except RunConfigError as exc:
+        raise CliError(f"run configuration: {exc}") from None
+
+
+def cmd_standby(args: argparse.Namespace) -> int:
+    """Load the evaluator's code, then wait for a job on ``--job-fd``: one JSON object
+    ``{"serve": [serve options...], "run_config": {"run_id", "secret"}}``, read to the end of the
+    descriptor. Then serve exactly as ``serve`` with those options. A runner starts a standby
+    evaluator ahead of time so that the task's evaluator does not wait for its code to load; a
+    descriptor closed without a job (the runner discarded it, or died) ends it with status 0.
+    """
+    try:
+        with os.fdopen(args.job_fd, "rb", closefd=True) as f:
+            raw = f.read(MAX_STANDBY_BYTES + 1)
+    except OSError as exc:
+        raise CliError(f"cannot read the standby job from fd {args.job_fd}: {exc.strerror}") from None
+    if not raw:
+        return 0
+    argv, config = read_standby_job(raw)
+    serve = build_parser().parse_args(["serve", *argv])
+    if serve.run_config_fd is not None or serve.run_config_file is not None:
+        raise CliError("a standby job carries its run configuration itself, not as a serve option")
+    return int(cmd_serve(serve, config))
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
@@ -185,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
         " budgets.env_steps; default) or 'none' (counted, never refused)",
     )
     serve.set_defaults(func=cmd_serve)
+
+    standby = sub.add_parser(
+        "standby", help="load the evaluator's code, then serve the task a job on a descriptor names"
+    )
+    standby.add_argument(
+        "--job-fd", type=int, required=True, help='read {"serve": [...], "run_config": {...}} from this descriptor'
+    )
+    standby.set_defaults(func=cmd_standby)
 
     tasks = sub.add_parser("tasks", help="list the installed tasks")
     tasks.set_defaults(func=cmd_tasks)

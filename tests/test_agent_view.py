@@ -50,9 +50,10 @@ import ale
 from ale import catalog
 from ale.core.bundle import unpack
 from ale.runner import agent_env
-from ale.runner.harness import AgentSpec, Harness, RunOptions
+from ale.runner.harness import Harness
 from ale.runner.inspect import read_identity
 from ale.runner.local import LocalRuntime
+from ale.runner.options import AgentSpec, RunOptions
 from ale.runner.progress import PlainProgress
 
 TASK = "cartpole-balance"

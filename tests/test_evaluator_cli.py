@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -18,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fuzzing import fuzz_settings, hostile_json
+from hypothesis import given
 
 import ale_evaluator
 from ale import catalog
@@ -457,3 +460,128 @@ def test_a_bad_env_step_budget_is_refused(sock_dir, value):
     assert result.returncode == 2
     assert "expected a positive number of steps, 'task' or 'none'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# -- standby -----------------------------------------------------------------------------------------
+
+
+def start_standby(job: bytes | None) -> subprocess.Popen[bytes]:
+    """``ale-evaluator standby``; ``job`` is written to its job descriptor once it runs (None: the
+    descriptor is closed without one)."""
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [*EVALUATOR, "standby", "--job-fd", str(read_end)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=(read_end,),
+        )
+    finally:
+        os.close(read_end)
+    try:
+        if job:
+            os.write(write_end, job)
+    finally:
+        os.close(write_end)
+    return proc
+
+
+def standby_job(folder: Path, run_config: object, task: str = "cartpole-balance") -> bytes:
+    serve = [*serve_args(folder, task)[1:], "--events", str(folder / "events.jsonl")]
+    return json.dumps({"serve": serve, "run_config": run_config}).encode()
+
+
+def test_standby_serves_the_task_its_job_names_with_the_jobs_seeds(sock_dir):
+    proc = start_standby(standby_job(sock_dir, {"run_id": CONFIG.run_id, "secret": SECRET.hex()}))
+    try:
+        ready = json.loads(read_line(proc))
+        assert ready["event"] == "ready"
+        assert ready["run_id"] == CONFIG.run_id
+        assert ready["task"] == catalog.get_task("cartpole-balance").spec.ref
+        harness = AleEnvClient(ready["harness"], timeout=30)
+        falling = linear_policy(np.array([[0.0, 0.0, -1.0, 0.0], [0.0, 0.0, 1.0, 0.0]]), output="discrete")
+        batch = harness.submit_batch_eval(falling, official=True, num_episodes=1)
+        assert harness.get_batch_eval_status(batch.batch_id, wait_ms=10_000).state == pb.BATCH_STATE_DONE
+        result = harness.get_eval_result(batch.batch_id, finalize=True)
+        seed = hidden_seed(CONFIG, "cartpole-balance", 0)
+        expected = hashlib.sha256(seed.to_bytes(8, "big") + CONFIG.run_id.encode() + SECRET).hexdigest()
+        assert result.episodes[0].seed_commitment.hex() == expected  # the job's secret, not one of its own
+        harness.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()
+
+
+def test_standby_whose_descriptor_closes_without_a_job_ends_quietly():
+    proc = start_standby(None)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert out == b""
+    assert err == b""
+
+
+@pytest.mark.parametrize(
+    ("job", "message"),
+    [
+        pytest.param(b"not json at all", "not valid JSON", id="garbage"),
+        pytest.param(b"[" * 100_000, "limit", id="deeply-nested"),
+        pytest.param(b'{"serve": [], "run_config": {}, "x": 1}', 'exactly "serve" and "run_config"', id="extra-key"),
+        pytest.param(b'{"serve": "--task x", "run_config": {}}', "list of at most 64 strings", id="serve-not-a-list"),
+        pytest.param(b'{"serve": [1], "run_config": {}}', "list of at most 64 strings", id="serve-not-strings"),
+        pytest.param(b'{"serve": [], "run_config": []}', '"run_config" must be an object', id="config-not-object"),
+        pytest.param(b'{"serve": [], "run_config": {"run_id": "r"}}', "run configuration", id="config-incomplete"),
+    ],
+)
+def test_a_bad_standby_job_exits_2_with_a_clear_error(job, message):
+    proc = start_standby(job)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert message in err.decode()
+    assert "Traceback" not in err.decode()
+
+
+def test_an_oversized_standby_job_is_refused_without_reading_it_all():
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen(
+        [*EVALUATOR, "standby", "--job-fd", str(read_end)], stderr=subprocess.PIPE, pass_fds=(read_end,)
+    )
+    os.close(read_end)
+    job = memoryview(b'{"serve": ["' + b"a" * (128 * 1024) + b'"], "run_config": {}}')
+    try:
+        while job:
+            job = job[os.write(write_end, job) :]
+    except BrokenPipeError:
+        pass  # it stopped reading at its limit
+    finally:
+        os.close(write_end)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "size limit" in err.decode()
+
+
+def test_a_standby_job_that_names_a_run_config_of_its_own_is_refused(sock_dir):
+    serve = [*serve_args(sock_dir)[1:], "--run-config-file", "/dev/null"]
+    proc = start_standby(json.dumps({"serve": serve, "run_config": {"run_id": "r", "secret": SECRET.hex()}}).encode())
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert "carries its run configuration itself" in err.decode()
+
+
+def test_a_bad_standby_job_never_echoes_its_secret(sock_dir):
+    secret = SECRET.hex()
+    bad = b'{"serve": [], "run_config": {"run_id": "r", "secret": "' + secret.encode() + b'"}'  # unterminated
+    proc = start_standby(bad)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert secret not in err.decode()
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(raw=hostile_json)
+def test_fuzz_the_standby_job_parser_raises_only_cli_errors(raw):
+    from ale_evaluator.cli import CliError, read_standby_job
+
+    with contextlib.suppress(CliError):  # its only error; nothing else may escape
+        read_standby_job(raw if isinstance(raw, bytes) else raw.encode())

@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pyrage
 import pytest
 import trio
@@ -31,9 +32,10 @@ from ale import catalog
 from ale.core.canonical import canonical_json
 from ale.core.trajectory import verify_chain
 from ale.runner import agent_env, bundle_writer
-from ale.runner.harness import AgentSpec, Harness, RunError, RunOptions, RunRecord
+from ale.runner.harness import Harness, RunError, RunRecord
 from ale.runner.inspect import offline_check
 from ale.runner.local import LocalRuntime
+from ale.runner.options import AgentSpec, RunOptions
 from ale.runner.progress import PlainProgress
 from ale.runner.recorder import BUDGETS
 from ale.runner.runtime import EvaluatorSpec, Limits, LineSink, SandboxResult, SandboxSpec
@@ -704,3 +706,34 @@ def _interrupt(base: Path, sig: int, marker: str) -> None:
     assert events[-1]["producer"] == "trusted_harness"
     assert any(e["kind"] == "stdout" and e["data"]["text"] == marker for e in events)
     assert str(next(cwd.glob("*.incomplete.jsonl"))) in err
+
+
+class PrestartRecordingRuntime(LocalRuntime):
+    """Records which evaluator process served each task and what was prestarted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prestarted: list[int] = []
+        self.served: list[int] = []
+
+    def prestart_evaluator(self) -> None:
+        super().prestart_evaluator()
+        assert self._standby is not None
+        self.prestarted.append(self._standby.process.pid)
+
+    @asynccontextmanager
+    async def open_evaluator(self, spec: EvaluatorSpec) -> AsyncIterator[Any]:
+        async with super().open_evaluator(spec) as handle:
+            self.served.append(handle.process.pid)
+            yield handle
+
+
+async def test_the_next_tasks_evaluator_is_prestarted_while_a_task_runs_and_nothing_is_left() -> None:
+    runtime = PrestartRecordingRuntime()
+    options = attrs.evolve(_options("pass", episodes=1), tasks=(CARTPOLE, "pendulum-lqr"))
+    run = await run_harness(options, runtime)
+    assert [o.task.spec.id for o in run.record.outcomes] == [CARTPOLE, "pendulum-lqr"]
+    assert len(runtime.prestarted) == 1  # during the first task, for the second; none after the last
+    assert runtime.served[1] == runtime.prestarted[0]
+    assert runtime._standby is None
+    assert run.kinds("trusted_harness").count("evaluator_started") == 2

@@ -29,8 +29,9 @@ import trio
 from ale import catalog
 from ale.runner import agent_env, uids
 from ale.runner import harness as harness_module
-from ale.runner.harness import AgentSpec, Harness, RunOptions
+from ale.runner.harness import Harness
 from ale.runner.local import LocalRuntime
+from ale.runner.options import AgentSpec, RunOptions
 from ale.runner.progress import PlainProgress
 from ale.runner.runtime import sandbox_path
 from ale.runner.sandbox import SANDBOX_UID

@@ -10,6 +10,23 @@ An interactive-mode policy is handed an eval-session handle instead
 (``ALE_ENV_ID``) and attaches to it with ``RemoteEnv(target, env_id=handle)``.
 """
 
-from ale.client._remote import AleEnvClient, AleEnvError, RemoteEnv, RemoteVectorEnv, run_policy
+from typing import TYPE_CHECKING, Any
+
+from ale.client._rpc import AleEnvClient, AleEnvError
+
+if TYPE_CHECKING:
+    from ale.client._remote import RemoteEnv, RemoteVectorEnv, run_policy
 
 __all__ = ["AleEnvClient", "AleEnvError", "RemoteEnv", "RemoteVectorEnv", "run_policy"]
+
+_GYMNASIUM = frozenset({"RemoteEnv", "RemoteVectorEnv", "run_policy"})
+
+
+def __getattr__(name: str) -> Any:
+    """The gymnasium environments load gymnasium on first use, so that ``AleEnvClient`` (the
+    harness's connection) does not."""
+    if name in _GYMNASIUM:
+        from ale.client import _remote
+
+        return getattr(_remote, name)
+    raise AttributeError(f"module 'ale.client' has no attribute {name!r}")

@@ -8,13 +8,13 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import trio
 
 from ale import __version__, catalog
 from ale.runner import agent_env, runtimes
-from ale.runner.harness import AgentSpec
+from ale.runner.options import AgentSpec
 from ale.runner.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -209,15 +209,31 @@ def _runtime(name: str) -> Runtime:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ale.runner import bundle_writer
-    from ale.runner.harness import Harness, RunOptions
-    from ale.runner.progress import LiveProgress, PlainProgress
-
     runtime = _runtime(args.runtime)
     manifest, digest, name = _release(args)
     tasks = _run_tasks(args, manifest)
     out_dir = _writable_out(args)
     agent = _agent(args)
+    runtime.prestart_evaluator()  # its code loads while the harness's does
+    try:
+        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent)
+    finally:
+        runtime.close()
+
+
+def _run(
+    args: argparse.Namespace,
+    runtime: Runtime,
+    release: tuple[Any, str, str],
+    tasks: list[str],
+    out_dir: Path,
+    agent: AgentSpec,
+) -> int:
+    from ale.runner.harness import Harness
+    from ale.runner.options import RunOptions
+    from ale.runner.progress import LiveProgress, PlainProgress
+
+    manifest, digest, name = release
     _check_recipients(args.recipient or ([os.environ["ALE_RECIPIENT"]] if os.environ.get("ALE_RECIPIENT") else []))
     site_recipient, nonce, challenge_token = _site_challenge(args)
     runner_key = _runner_key(args)
@@ -237,6 +253,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     record, status = _drive(Harness(options, runtime, progress), progress)
     if record is None:
         return status
+    from ale.runner import bundle_writer  # loaded while the run went on (harness.LATER_MODULES)
+
     try:
         progress.phase("run", "bundle", "scoring and encrypting")
         if site_recipient is not None:
@@ -375,5 +393,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def program() -> NoReturn:
+    """``ale`` as a program: :func:`main`, then the process ends at once. Every file it wrote is
+    closed by then and its temporary folders are gone, so finalising the modules it loaded (gRPC,
+    numpy, the simulator's) is skipped: it took longer than writing the bundle."""
+    try:
+        status = main()
+    except SystemExit as exc:  # argparse's --help and usage errors
+        status = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 2
+        if not isinstance(exc.code, int | None):
+            print(exc.code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    program()

@@ -236,6 +236,28 @@ class RuntimeConformance:
         assert events[0]["kind"] == "evaluator_ready"
         assert isinstance(handle.stderr_tail(), str)
 
+    async def test_a_prestarted_evaluator_serves_the_next_task_and_close_is_idempotent(
+        self, runtime: Runtime, box: Box
+    ) -> None:
+        assert runtime.sandbox == runtime.attestation()["sandbox"]
+        await trio.to_thread.run_sync(runtime.prestart_evaluator)
+        await trio.to_thread.run_sync(runtime.prestart_evaluator)  # a second call keeps one, not two
+        for name in ("first", "second"):  # the second has no prestarted one left: it starts its own
+            folder = box.folder / name
+            folder.mkdir()
+            spec = _evaluator_spec(folder)
+            async with runtime.open_evaluator(spec) as handle:
+                client = AleEnvClient(handle.harness_target, timeout=10)
+                try:
+                    got = await trio.to_thread.run_sync(client.get_spec)
+                finally:
+                    client.close()
+                assert got.task_id == TASK
+            assert not handle.alive()
+        await trio.to_thread.run_sync(runtime.prestart_evaluator)
+        runtime.close()
+        runtime.close()
+
     async def test_evaluator_start_error_for_an_unknown_task(self, runtime: Runtime, box: Box) -> None:
         spec = _evaluator_spec(box.folder, task_id="no-such-task")
         with trio.fail_after(30), pytest.raises(EvaluatorStartError, match="no-such-task"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
 import json
 import math
 import os
@@ -25,23 +26,23 @@ import signal
 import stat
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import attrs
 import trio
 
 from ale import __version__, catalog
-from ale.client import AleEnvClient, AleEnvError
 from ale.core import grammar
 from ale.core.parse import ParseError, parse_json
-from ale.core.release import ReleaseManifest
 from ale.core.results import TASK_RESULTS_SCHEMA
 from ale.core.trajectory import MAX_LINE_DEPTH
 from ale.env.v1 import env_pb2 as pb
 from ale.policy import MAX_POLICY_BYTES
 from ale.runner import agent_env
 from ale.runner._groups import collapse
+from ale.runner.options import RunOptions
 from ale.runner.progress import Progress
 from ale.runner.recorder import Recorder, clip_text, open_recorder
 from ale.runner.runtime import (
@@ -51,7 +52,6 @@ from ale.runner.runtime import (
     EvaluatorHandle,
     EvaluatorSpec,
     EvaluatorStartError,
-    Limits,
     LineSink,
     Runtime,
     SandboxError,
@@ -59,6 +59,9 @@ from ale.runner.runtime import (
     sandbox_path,
 )
 from ale.runner.sandbox import SANDBOX_UID
+
+if TYPE_CHECKING:
+    from ale.client import AleEnvClient
 
 AGENT_EVENT_KINDS = frozenset(grammar.AGENT_CHANNEL_KINDS)  # what the agent may write on ALE_EVENT_FD
 #: an event-channel line is parsed only up to this size (the runtime cuts longer lines)
@@ -70,36 +73,49 @@ POLICY_ENTRYPOINT = "policy"
 POLICY_ARTIFACT = "policy.safetensors"
 
 
+_T = TypeVar("_T")
+
+#: What the run needs only later (the official evaluation's connection, the bundle writer): loaded
+#: in a worker thread while the run goes on instead of before it starts.
+LATER_MODULES = ("ale.client._rpc", "ale.runner.bundle_writer")
+
+
+def _preload() -> None:
+    for name in LATER_MODULES:
+        importlib.import_module(name)
+
+
+class Background(Generic[_T]):
+    """A blocking call run in a worker thread while the run goes on (``run`` in a nursery);
+    ``result()`` waits for it and raises what it raised."""
+
+    def __init__(self, call: Callable[[], _T]) -> None:
+        self._call, self._done = call, trio.Event()
+        self._value: _T | None = None
+        self._error: Exception | None = None
+
+    async def run(self) -> None:
+        try:
+            self._value = await trio.to_thread.run_sync(self._call)
+        except Exception as exc:  # handed to whoever waits for the result
+            self._error = exc
+        finally:
+            self._done.set()
+
+    async def result(self) -> _T:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
 class RunError(Exception):
     """The run cannot go on; the message says why. No bundle is written."""
 
 
 class RunInterrupted(Exception):
     """Ctrl-C or SIGTERM: the run stopped early; the trajectory is kept, no bundle."""
-
-
-@attrs.frozen
-class AgentSpec:
-    name: str
-    command: tuple[str, ...]
-    declared: dict[str, Any] = attrs.Factory(dict)  # model, effort tier: submitter-declared
-    modules: tuple[str, ...] = ()  # ale modules of a bundled agent, put into its environment (agent_env)
-
-
-@attrs.frozen
-class RunOptions:
-    tasks: tuple[str, ...]
-    agent: AgentSpec
-    release: ReleaseManifest
-    release_sha256: str
-    release_name: str
-    episodes: int | None = None  # override the official episode count (marks the run unofficial)
-    agent_time_s: float | None = None  # override the wall-time budget
-    eval_time_s: float | None = None
-    limits: Limits = attrs.Factory(Limits)
-    nonce: str | None = None
-    challenge_token: str | None = None
-    workdir: Path | None = None
 
 
 @attrs.define
@@ -396,7 +412,8 @@ class Harness:
         self.progress = progress
         self.run_id = f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
         self._signalled = False
-        self._agent_env: agent_env.AgentEnv | None = None  # built by _setup
+        self._assembling: Background[agent_env.AgentEnv] | None = None  # the agent's environment, started by run
+        self._prestart_next = False  # another task follows the current one
 
     def _env(self, task: catalog.Task) -> dict[str, str]:
         s = task.spec
@@ -427,7 +444,9 @@ class Harness:
         """
         for ref in self.options.tasks:
             catalog.get_task(ref)
-        attestation, root = await trio.to_thread.run_sync(self._setup)
+        root = await trio.to_thread.run_sync(self._setup)
+        attesting = Background(self.runtime.attestation)
+        self._assembling = Background(functools.partial(agent_env.ensure, self.options.agent.modules))
         private = root / "private"
         trajectory = private / "events.jsonl"
         started = time.time()
@@ -436,13 +455,18 @@ class Harness:
         try:
             with collapse():
                 async with open_recorder(trajectory, tasks=len(self.options.tasks)) as rec:
-                    rec.emit("trusted_harness", "run_started", self._run_started(attestation))
+                    rec.emit("trusted_harness", "run_started", self._run_started())
                     try:
                         with collapse():
                             async with trio.open_nursery() as nursery:
                                 nursery.start_soon(self._watch_signals, nursery.cancel_scope)
-                                for ref in self.options.tasks:
+                                nursery.start_soon(attesting.run)
+                                nursery.start_soon(self._assembling.run)
+                                nursery.start_soon(trio.to_thread.run_sync, _preload)
+                                for i, ref in enumerate(self.options.tasks):
+                                    self._prestart_next = i + 1 < len(self.options.tasks)
                                     outcomes.append(await self._run_task(catalog.get_task(ref), root, private, rec))
+                                attestation = await attesting.result()
                                 nursery.cancel_scope.cancel()
                         if self._signalled:
                             raise KeyboardInterrupt
@@ -468,6 +492,7 @@ class Harness:
             with trio.CancelScope(shield=True):
                 target = root / "workspace" if finished else root
                 await trio.to_thread.run_sync(lambda: shutil.rmtree(target, ignore_errors=True))
+                await trio.to_thread.run_sync(self.runtime.close)
         return RunRecord(
             run_id=self.run_id,
             root=root,
@@ -481,7 +506,7 @@ class Harness:
             events=events,
         )
 
-    def _run_started(self, attestation: dict[str, Any]) -> dict[str, Any]:
+    def _run_started(self) -> dict[str, Any]:
         return {
             "nonce": self.options.nonce,
             "run_id": self.run_id,
@@ -490,22 +515,25 @@ class Harness:
             "release": self.options.release_name,
             "release_sha256": self.options.release_sha256,
             "agent": {"name": self.options.agent.name, "command": list(self.options.agent.command)},
-            "runtime": attestation.get("runtime"),
-            "sandbox": attestation.get("sandbox"),
+            "runtime": self.runtime.name,
+            "sandbox": self.runtime.sandbox,
         }
 
-    def _setup(self) -> tuple[dict[str, Any], Path]:
-        """Blocking set-up, run in a worker thread: check the runtime, attest, make the run folder."""
+    def _setup(self) -> Path:
+        """Blocking set-up, run in a worker thread: check the runtime, make the run folder."""
         self.runtime.check()
-        attestation = self.runtime.attestation()
-        try:
-            self._agent_env = agent_env.ensure(self.options.agent.modules)
-        except agent_env.AgentEnvError as exc:
-            raise RunError(f"cannot assemble the agent's Python environment: {exc}") from None
         root = Path(tempfile.mkdtemp(prefix="ale-run-", dir=self.options.workdir))
         root.chmod(0o711)  # the sandbox uid may traverse to its bind sources, not list them
         (root / "private").mkdir(mode=0o700)
-        return attestation, root
+        return root
+
+    async def _agent_env(self) -> agent_env.AgentEnv:
+        """The agent's Python environment (assembled in the background since the run started)."""
+        assert self._assembling is not None
+        try:
+            return await self._assembling.result()
+        except agent_env.AgentEnvError as exc:
+            raise RunError(f"cannot assemble the agent's Python environment: {exc}") from None
 
     def _keep_incomplete(self, trajectory: Path) -> str:
         target = Path.cwd() / f"{self.run_id}.incomplete.jsonl"
@@ -564,6 +592,8 @@ class Harness:
             rec.emit("trusted_harness", "evaluator_started", {"task": task.spec.ref})
             tail = EvaluatorTail(spec.events_path, rec, task.spec.ref)
             nursery.start_soon(tail.run)
+            if self._prestart_next:  # the next task's evaluator loads its code while this one runs
+                await trio.to_thread.run_sync(self.runtime.prestart_evaluator)
             await self._agent_phase(task, ev, tail, task_dir, workspace, rec, outcome)
             self._check_alive(ev, task)
             await self._official_phase(task, ev, tail, task_dir, workspace, rec, outcome)
@@ -619,7 +649,7 @@ class Harness:
                 env=self._env(task),
                 limits=self.options.limits,
                 wall_time_s=budget_s,
-                agent_env=self._agent_env,
+                agent_env=await self._agent_env(),
             ),
             _agent_sink(rec, s.ref),
             should_stop=should_stop,
@@ -655,6 +685,8 @@ class Harness:
         deadline_s = official_deadline_s(task, n, self.options.eval_time_s)
         self.progress.phase(s.id, "official evaluation", f"{n} episodes on hidden seeds, {deadline_s:.0f} s deadline")
         rec.emit("trusted_harness", "official_evaluation_started", {"task": s.ref, "mode": s.mode, "episodes": n})
+        from ale.client._rpc import AleEnvClient, AleEnvError  # loaded since the run started (LATER_MODULES)
+
         client = AleEnvClient(ev.harness_target, timeout=60)
         deadline = Deadline(time.monotonic() + deadline_s, deadline_s)
         try:
@@ -715,6 +747,8 @@ class Harness:
             "sha256": hashlib.sha256(policy).hexdigest(),
         }
         rec.emit("trusted_harness", "policy_artifact", {"task": task.spec.ref, **outcome.artifact})
+        from ale.client._rpc import AleEnvError
+
         try:
             batch = await trio.to_thread.run_sync(
                 lambda: client.submit_batch_eval(policy, official=True, num_episodes=n)
@@ -775,7 +809,7 @@ class Harness:
                 env=env,
                 limits=self.options.limits,
                 wall_time_s=deadline.remaining(),
-                agent_env=self._agent_env,
+                agent_env=await self._agent_env(),
             ),
             _agent_sink(rec, task.spec.ref, "policy_", "policy"),
             should_stop=should_stop,

@@ -7,6 +7,7 @@ kills (:func:`_signal_sandbox`); supervising the run is :mod:`ale.runner.supervi
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -73,14 +74,14 @@ def code_digest() -> dict[str, Any]:
 
 @attrs.define
 class LocalEvaluator:
-    process: trio.Process
+    process: subprocess.Popen[bytes]
     harness_target: str
     agent_socket: Path
     events_path: Path
     stderr_lines: deque[str] = attrs.Factory(lambda: deque(maxlen=40))
 
     def alive(self) -> bool:
-        return self.process.returncode is None
+        return self.process.poll() is None
 
     def stderr_tail(self) -> str:
         return "\n".join(self.stderr_lines)
@@ -137,7 +138,7 @@ def _signal_sandbox(pid: int, sig: int) -> None:
 
 @attrs.define
 class _Child:
-    """A child process (the evaluator) as supervision's Killable: signals go to it alone."""
+    """A child started by Trio as supervision's Killable: signals go to it alone."""
 
     process: trio.Process
 
@@ -175,6 +176,90 @@ class _Sandbox(_Child):
         await self.events.aclose()
 
 
+@attrs.define
+class _Popen:
+    """A child started with subprocess (a prestarted evaluator) as supervision's Killable; it is
+    waited for through a pidfd, so the Trio loop never blocks on it."""
+
+    process: subprocess.Popen[bytes]
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    async def wait(self) -> int:
+        if (status := self.process.poll()) is not None:
+            return status
+        pidfd = os.pidfd_open(self.process.pid)  # the child is ours: unreaped until poll() reaps it
+        try:
+            while (status := self.process.poll()) is None:
+                await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            os.close(pidfd)
+        return status
+
+    def send_term(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGTERM)
+
+    def send_kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGKILL)
+
+
+@attrs.define
+class _Standby:
+    """``ale-evaluator standby``: an evaluator whose code is loaded, waiting for its job on a pipe."""
+
+    process: subprocess.Popen[bytes]
+    job_fd: int  # the pipe's write end
+
+    @classmethod
+    def spawn(cls) -> _Standby:
+        read_fd, write_fd = os.pipe()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "ale_evaluator", "standby", "--job-fd", str(read_fd)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_fd,),
+            )  # fmt: skip
+        except BaseException:
+            os.close(write_fd)
+            raise
+        finally:
+            os.close(read_fd)
+        return cls(process, write_fd)
+
+    def hand_over(self, serve: list[str], run_config: bytes) -> tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream]:
+        """Send the job (the run configuration goes only through this pipe) and take its output."""
+        job = b'{"serve":' + json.dumps(serve).encode() + b',"run_config":' + run_config + b"}"
+        try:
+            view = memoryview(job)
+            while view:
+                view = view[os.write(self.job_fd, view) :]
+        finally:
+            os.close(self.job_fd)
+        out, err = self.process.stdout, self.process.stderr
+        assert out is not None
+        assert err is not None
+        streams = (trio.lowlevel.FdStream(os.dup(out.fileno())), trio.lowlevel.FdStream(os.dup(err.fileno())))
+        out.close()
+        err.close()
+        return streams
+
+    def discard(self) -> None:
+        """Close its job pipe (it exits on the empty job) and reap it."""
+        with contextlib.suppress(OSError):
+            os.close(self.job_fd)
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
 class LocalRuntime:
     """Evaluator as a child process; the agent under bubblewrap."""
 
@@ -184,6 +269,7 @@ class LocalRuntime:
     def __init__(self) -> None:
         self._sandbox_kind: str | None = None
         self._isolation: isolation.Isolation | None = None
+        self._standby: _Standby | None = None  # a prestarted evaluator (prestart_evaluator)
 
     @property
     def sandbox_kind(self) -> str:
@@ -203,6 +289,10 @@ class LocalRuntime:
         except sandbox.SandboxUnavailable as exc:
             raise RuntimeUnavailable(str(exc)) from None
 
+    @property
+    def sandbox(self) -> str:
+        return self.sandbox_kind
+
     def attestation(self) -> dict[str, Any]:
         return {
             "runtime": "local",
@@ -211,29 +301,47 @@ class LocalRuntime:
             "code": code_digest(),
         }
 
-    @asynccontextmanager
-    async def open_evaluator(self, spec: EvaluatorSpec) -> AsyncIterator[LocalEvaluator]:
-        read_fd, write_fd = os.pipe()
+    def prestart_evaluator(self) -> None:
+        """Start an evaluator process ahead (``ale-evaluator standby``) so that the next
+        open_evaluator does not wait for its code to load. Best effort: if it cannot start,
+        open_evaluator starts one itself and reports the error."""
+        if self._standby is None or self._standby.process.poll() is not None:
+            try:
+                self._standby = _Standby.spawn()
+            except OSError:
+                self._standby = None
+
+    def close(self) -> None:
+        """Stop a prestarted evaluator nobody took (it ends by itself when this process does)."""
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.discard()
+
+    def _take_standby(self) -> _Standby:
+        standby, self._standby = self._standby, None
+        if standby is not None and standby.process.poll() is None:
+            return standby
+        if standby is not None:
+            standby.discard()
         try:
-            os.write(write_fd, spec.run_config)
-        finally:
-            os.close(write_fd)
-        argv = [
-            sys.executable, "-m", "ale_evaluator", "serve", "--task", spec.task_id,
-            "--agent-socket", str(spec.agent_socket), "--harness-socket", str(spec.harness_socket),
-            "--run-config-fd", str(read_fd), "--events", str(spec.events_path),
-        ]  # fmt: skip
-        try:
-            process = await trio.lowlevel.open_process(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_fd,)
-            )
+            return _Standby.spawn()
         except OSError as exc:
             raise EvaluatorStartError(f"cannot start the evaluator: {exc}") from None
-        finally:
-            os.close(read_fd)
-        handle = LocalEvaluator(process, f"unix:{spec.harness_socket}", spec.agent_socket, spec.events_path)
-        assert process.stderr is not None
-        assert process.stdout is not None
+
+    @asynccontextmanager
+    async def open_evaluator(self, spec: EvaluatorSpec) -> AsyncIterator[LocalEvaluator]:
+        standby = await trio.to_thread.run_sync(self._take_standby)
+        serve = [
+            "--task", spec.task_id, "--agent-socket", str(spec.agent_socket),
+            "--harness-socket", str(spec.harness_socket), "--events", str(spec.events_path),
+        ]  # fmt: skip
+        process = _Popen(standby.process)
+        try:
+            stdout, stderr = standby.hand_over(serve, spec.run_config)
+        except OSError as exc:
+            await supervise.stop(process)
+            raise EvaluatorStartError(f"cannot start the evaluator: {exc}") from None
+        handle = LocalEvaluator(standby.process, f"unix:{spec.harness_socket}", spec.agent_socket, spec.events_path)
         ready = trio.Event()
 
         def on_stdout(_s: str, line: bytes) -> None:
@@ -249,11 +357,11 @@ class LocalRuntime:
 
         try:
             with collapse():
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(supervise.pump, process.stderr, supervise.LineSplitter("stderr", on_stderr))
-                    nursery.start_soon(supervise.pump, process.stdout, supervise.LineSplitter("stdout", on_stdout))
-                    if not await supervise.until_ready(_Child(process), ready, READY_TIMEOUT_S):
-                        await supervise.stop(_Child(process))
+                async with stdout, stderr, trio.open_nursery() as nursery:
+                    nursery.start_soon(supervise.pump, stderr, supervise.LineSplitter("stderr", on_stderr))
+                    nursery.start_soon(supervise.pump, stdout, supervise.LineSplitter("stdout", on_stdout))
+                    if not await supervise.until_ready(process, ready, READY_TIMEOUT_S):
+                        await supervise.stop(process)
                         await trio.sleep(0.1)
                         raise EvaluatorStartError(
                             f"the evaluator for {spec.task_id} did not become ready "
@@ -262,11 +370,11 @@ class LocalRuntime:
                     try:
                         yield handle
                     finally:
-                        await supervise.stop(_Child(process))
+                        await supervise.stop(process)
                         nursery.cancel_scope.cancel()
         finally:
             if process.returncode is None:
-                await supervise.stop(_Child(process))
+                await supervise.stop(process)
 
     def open_workspace(self, workspace: Path, limits: Limits) -> AbstractAsyncContextManager[None]:
         return self.isolation.open_workspace(workspace, limits)

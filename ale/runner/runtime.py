@@ -141,8 +141,14 @@ class Runtime(Protocol):
     def check(self) -> None:
         """Raise RuntimeUnavailable unless this backend can run here."""
 
+    @property
+    def sandbox(self) -> str:
+        """What isolates the agent (``bwrap``, ...), as the attestation's ``sandbox``; cheap once
+        check() passed (the harness records it before the attestation is ready)."""
+
     def attestation(self) -> dict[str, Any]:
-        """What ran, for the bundle manifest (digests and how they were computed)."""
+        """What ran, for the bundle manifest (digests and how they were computed). It may take a
+        while (it hashes what it attests): the harness computes it while the run goes on."""
 
     def open_workspace(self, workspace: Path, limits: Limits) -> AbstractAsyncContextManager[None]:
         """Give a task's workspace folder its size- and inode-limited storage for as long as the
@@ -150,6 +156,16 @@ class Runtime(Protocol):
 
     def open_evaluator(self, spec: EvaluatorSpec) -> AbstractAsyncContextManager[EvaluatorHandle]:
         """Start the evaluator; enter once both endpoints accept calls; stop it on exit."""
+
+    def prestart_evaluator(self) -> None:
+        """Start, ahead of time, what the next open_evaluator needs before it can hand the evaluator
+        its task (an evaluator process with its code loaded, an unstarted container), so that the
+        task does not wait for it. Optional (a backend may do nothing); best effort (a failure is
+        reported by the open_evaluator that follows, not here); never blocks for long."""
+
+    def close(self) -> None:
+        """Discard what prestart_evaluator started and no open_evaluator took. Idempotent; the
+        runtime stays usable."""
 
     async def run_sandboxed(
         self,

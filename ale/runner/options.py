@@ -1,0 +1,36 @@
+"""What a run is asked to do: the agent and the run's options (light to import, so that the CLI
+can check its arguments and prestart the evaluator before the harness's code loads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ale.core.release import ReleaseManifest
+from ale.runner.runtime import Limits
+
+
+@attrs.frozen
+class AgentSpec:
+    name: str
+    command: tuple[str, ...]
+    declared: dict[str, Any] = attrs.Factory(dict)  # model, effort tier: submitter-declared
+    modules: tuple[str, ...] = ()  # ale modules of a bundled agent, put into its environment (agent_env)
+
+
+@attrs.frozen
+class RunOptions:
+    tasks: tuple[str, ...]
+    agent: AgentSpec
+    release: ReleaseManifest
+    release_sha256: str
+    release_name: str
+    episodes: int | None = None  # override the official episode count (marks the run unofficial)
+    agent_time_s: float | None = None  # override the wall-time budget
+    eval_time_s: float | None = None
+    limits: Limits = attrs.Factory(Limits)
+    nonce: str | None = None
+    challenge_token: str | None = None
+    workdir: Path | None = None
