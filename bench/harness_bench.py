@@ -18,6 +18,7 @@ Run: .venv/bin/python bench/harness_bench.py [--quick] [--out bench/results/harn
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -112,28 +113,44 @@ def _span(events: list[dict], start: str, end: str) -> float:
     return t[end] - t[start]
 
 
+def _wall_times(events: list[dict]) -> dict[str, float]:
+    """The harness's events' wall times (seconds since the epoch), by kind (the first of each)."""
+    out: dict[str, float] = {}
+    for e in events:
+        if e["producer"] == "trusted_harness" and e["kind"] not in out:
+            out[e["kind"]] = datetime.datetime.fromisoformat(e["wall_time"].replace("Z", "+00:00")).timestamp()
+    return out
+
+
 def bench_overhead(runs: int, episodes: int) -> dict:
     samples = []
     from ale.runner.agent_env import PYTHON as python  # the sandbox's own interpreter
 
     for _ in range(runs):
         with tempfile.TemporaryDirectory() as out:
-            started = time.perf_counter()
+            started, started_wall = time.perf_counter(), time.time()
             proc = subprocess.run(
                 [sys.executable, "-m", "ale.runner.cli", "run", "cartpole-balance", "--plain", "--out", out,
                  "--episodes", str(episodes), "--agent-cmd", f"{python} -c \"{AGENT}\""],
                 capture_output=True, text=True, cwd=out,
             )  # fmt: skip
-            wall = time.perf_counter() - started
+            wall, ended_wall = time.perf_counter() - started, time.time()
             if proc.returncode != 0:
                 raise SystemExit(f"ale run failed:\n{proc.stderr}")
             bundle = Path(proc.stdout.strip().splitlines()[-1])
             events = _events(bundle, next(Path(out).glob("*.key")))
             agent = _span(events, "agent_started", "agent_finished")
             official = _span(events, "official_evaluation_started", "official_evaluation_finished")
+            at = _wall_times(events)
             samples.append(
-                {"wall_s": wall, "agent_s": agent, "official_s": official, "overhead_s": wall - agent - official}
-            )
+                {"wall_s": wall, "agent_s": agent, "official_s": official, "overhead_s": wall - agent - official,
+                 # where the overhead goes: start-up (interpreter, code, checks) until run_started, the
+                 # evaluator's start, the task's end, and the bundle plus the exit after run_finished
+                 "startup_s": at["run_started"] - started_wall,
+                 "evaluator_start_s": at["evaluator_started"] - at["task_started"],
+                 "task_end_s": at["task_finished"] - at["official_evaluation_finished"],
+                 "bundle_and_exit_s": ended_wall - at["run_finished"]}
+            )  # fmt: skip
     med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
     return {"runs": runs, "episodes": episodes, "median": med, "samples": samples,
             "overhead_fraction_of_wall": med["overhead_s"] / med["wall_s"]}  # fmt: skip
@@ -237,7 +254,9 @@ def main() -> None:
     print(f"ale run cartpole-balance, instant agent, 5 episodes (median of {runs}):")
     share = overhead["overhead_fraction_of_wall"]
     print(f"  wall {m['wall_s']:.2f} s = agent {m['agent_s']:.2f} s + official evaluation {m['official_s']:.2f} s")
-    print(f"  + harness overhead {m['overhead_s']:.2f} s ({share:.0%} of wall)")
+    print(f"  + harness overhead {m['overhead_s']:.2f} s ({share:.0%} of wall): start-up {m['startup_s']:.2f} s, "
+          f"evaluator start {m['evaluator_start_s']:.2f} s, task end {m['task_end_s']:.2f} s, "
+          f"bundle and exit {m['bundle_and_exit_s']:.2f} s")  # fmt: skip
     print(f"  ratio overhead/wall: {share:.2f}")
     in_force = [k for k, v in starts["isolation"].items() if v["in_force"]]
     print(f"sandbox start + teardown (/bin/true, median of {starts['runs']}; isolation: {', '.join(in_force)}):")

@@ -186,11 +186,16 @@ def make_summary(
                 "mode": TASKS[o.ref].mode,
                 "official_episodes": TASKS[o.ref].official_episodes,
                 "episodes_run": TASKS[o.ref].official_episodes,
-                "agent": {"exit_status": 0, "stopped_for": "", "wall_time_s": 1.0, "env_steps": 0},
+                "agent": {"exit_status": 0, "stopped_for": "", "wall_time_s": 1.0, "env_steps": 0, "oom_kills": 0},
             }
             for o in outcomes
         ],
-        "agent": {"name": agent, "command": ["python", "agent.py"], "declared": {"model": model, "effort": effort}},
+        "agent": {
+            "name": agent,
+            "command": ["python", "agent.py"],
+            "declared": {"model": model, "effort": effort},
+            "environment": {"digest": "e" * 64, "modules": ["ale.client"], "distributions": ["numpy==2.0.0"]},
+        },
         "runtime": {
             "runtime": "local",
             "sandbox": "bwrap",

@@ -96,6 +96,7 @@ async def test_three_children_over_the_sandbox_memory_limit_are_oom_killed(
     assert result.stopped_for == ""
     assert result.exit_status == 0
     assert -9 in report["children"], report  # SIGKILL from the OOM killer
+    assert result.oom_kills >= 1  # and the runtime says why
     if isinstance(runtime, LocalRuntime):
         assert seen[0]["oom_kills"] >= 1
 

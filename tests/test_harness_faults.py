@@ -737,3 +737,14 @@ async def test_the_next_tasks_evaluator_is_prestarted_while_a_task_runs_and_noth
     assert runtime.served[1] == runtime.prestarted[0]
     assert runtime._standby is None
     assert run.kinds("trusted_harness").count("evaluator_started") == 2
+
+
+async def test_an_agent_killed_at_the_sandbox_memory_limit_is_recorded_as_an_oom_kill() -> None:
+    hog = "block = bytearray(400 * 2**20)\nfor j in range(0, len(block), 4096):\n    block[j] = 1\n"
+    limits = Limits(sandbox_memory_bytes=128 * 2**20)
+    run = await run_harness(_options(hog, limits=limits))
+    (finished,) = run.of("agent_finished", "trusted_harness")
+    assert finished["oom_kills"] >= 1
+    assert finished["exit_status"] != 0
+    assert run.outcome.agent["oom_kills"] == finished["oom_kills"]
+    assert "memory limit" in run.outcome.reason

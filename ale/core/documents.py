@@ -75,6 +75,7 @@ class AgentPhase:
     stopped_for: Literal["", "wall_time", "env_steps", "disk", "cancelled", "evaluator_died"]
     wall_time_s: float
     env_steps: int = attrs.field(validator=non_negative)
+    oom_kills: int = attrs.field(validator=non_negative)
 
 
 @attrs.frozen
@@ -104,10 +105,18 @@ DECLARED_STRINGS = ("model", "effort")
 
 
 @attrs.frozen
+class AgentEnvironment:
+    digest: Digest = attrs.field(validator=_digest)
+    modules: tuple[str, ...]
+    distributions: tuple[str, ...]
+
+
+@attrs.frozen
 class Agent:
     name: str
     command: tuple[str, ...]
     declared: dict[str, Scalar] = attrs.field(validator=_declared)  # the submitter's word, never scored
+    environment: AgentEnvironment
 
 
 @attrs.frozen

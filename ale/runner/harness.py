@@ -155,6 +155,7 @@ class RunRecord:
     finished: float
     chain_head: str
     events: int
+    agent_env: agent_env.AgentEnv  # the agent's Python environment (manifest agent.environment)
 
 
 def eval_result_json(r: pb.EvalResult) -> dict[str, Any]:
@@ -467,6 +468,7 @@ class Harness:
                                     self._prestart_next = i + 1 < len(self.options.tasks)
                                     outcomes.append(await self._run_task(catalog.get_task(ref), root, private, rec))
                                 attestation = await attesting.result()
+                                environment = await self._agent_env()
                                 nursery.cancel_scope.cancel()
                         if self._signalled:
                             raise KeyboardInterrupt
@@ -504,6 +506,7 @@ class Harness:
             finished=time.time(),
             chain_head=head,
             events=events,
+            agent_env=environment,
         )
 
     def _run_started(self) -> dict[str, Any]:
@@ -660,6 +663,7 @@ class Harness:
             "stopped_for": result.stopped_for,
             "wall_time_s": round(result.wall_time_s, 3),
             "env_steps": tail.agent_env_steps,
+            "oom_kills": result.oom_kills,
         }
         if result.dropped_output_bytes:
             rec.emit(
@@ -703,6 +707,11 @@ class Harness:
             client.close()
         await tail.drain()  # the evaluator's events of the official evaluation come before its end
         if result is None:
+            if outcome.agent.get("oom_kills"):
+                outcome.reason += (
+                    f" (the kernel killed {outcome.agent['oom_kills']} of the agent's processes at the sandbox's "
+                    f"memory limit, {self.options.limits.sandbox_memory_bytes // 2**20} MiB)"
+                )
             rec.emit("trusted_harness", "official_evaluation_skipped", {"task": s.ref, "reason": outcome.reason})
             return
         outcome.result = eval_result_json(result)
@@ -824,7 +833,12 @@ class Harness:
         rec.emit(
             "trusted_harness",
             "policy_finished",
-            {"task": task.spec.ref, "exit_status": result.exit_status, "stopped_for": result.stopped_for},
+            {
+                "task": task.spec.ref,
+                "exit_status": result.exit_status,
+                "stopped_for": result.stopped_for,
+                "oom_kills": result.oom_kills,
+            },
         )
         self._check_alive(ev, task)
         final = await trio.to_thread.run_sync(lambda: client.get_eval_result(session.session_id, finalize=True))

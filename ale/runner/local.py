@@ -395,9 +395,12 @@ class LocalRuntime:
                 raise SandboxError(str(exc)) from None
         async with self.isolation.open_sandbox(spec) as resources:
             started = time.monotonic()
-            return await supervise.supervise(
+            result = await supervise.supervise(
                 spec, await self._start(spec, resources), sink, should_stop, started=started
             )
+            if resources.cgroup is None:
+                return result
+            return attrs.evolve(result, oom_kills=resources.cgroup.oom_kills())  # before the cgroup goes
 
     async def _start(self, spec: SandboxSpec, resources: SandboxResources) -> _Sandbox:
         """Start bwrap with the spec's argv, the event channel's write end and the seccomp filter."""

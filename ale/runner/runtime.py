@@ -121,6 +121,7 @@ class SandboxResult:
     stopped_for: str  # "" (exited) | "wall_time" | "env_steps" | "disk" | "cancelled"
     wall_time_s: float
     dropped_output_bytes: int
+    oom_kills: int = 0  # processes the kernel killed at the sandbox's memory limit (0 where it cannot tell)
 
 
 class EvaluatorHandle(Protocol):
