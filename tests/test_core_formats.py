@@ -311,3 +311,26 @@ def test_orjson_writes_non_integral_floats_as_rfc8785_does_outside_its_exponent_
     assert differ_in_band > 0
     assert parse_canonical(b'{"a":0.000001}') is None
     assert parse_canonical(b'{"a":1e-6}') is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    data=st.dictionaries(st.text(max_size=6), any_json, max_size=5),
+    monotonic=st.floats(allow_nan=False, allow_infinity=False, min_value=-1e20, max_value=1e20)
+    | st.sampled_from([0.0, 1.0, 1e-5, 5e-7, 12345.678]),
+    wall=st.floats(min_value=0, max_value=253_402_300_799),
+)
+def test_a_chain_line_assembled_member_by_member_is_the_reference_canonical_json_of_its_event(
+    data: dict[str, object], monotonic: float, wall: float
+) -> None:
+    """ChainBuilder's fast assembly (data encoded once, the envelope joined by hand) writes exactly
+    what RFC 8785 writes for the event, hash included, or takes the reference path."""
+    from ale.core.trajectory import ChainBuilder, event_hash
+
+    try:
+        event, line = ChainBuilder().build("untrusted_agent", "stdout", data, wall_time=wall, monotonic=monotonic)
+    except ValueError:
+        return  # no form a verifier reads back: refused, not written
+    without = {**{k: v for k, v in event.items() if k != "hash"}, "data": data}  # as given, not as prepared
+    assert event["hash"] == event_hash(without)
+    assert line == reference_canonical_json({**without, "hash": event["hash"]}) + b"\n"

@@ -5,19 +5,17 @@ and the trajectory the recorder writes from it is one a verifier accepts."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 from fuzzing import fuzz_settings, hostile_json, json_values
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ale.core.trajectory import verify_chain
 from ale.runner.harness import AGENT_EVENT_KINDS, EvaluatorTail, _agent_sink, _channel_event, _evaluator_line
-from ale.runner.recorder import Recorder
+from ale.runner.recorder import LineQueue, Recorder
 
 TASK = "cartpole-balance@1.0.0"
 
@@ -26,8 +24,8 @@ class _Run:
     """A recorder in the agent phase of a one-task run, its lines kept in memory."""
 
     def __init__(self) -> None:
-        self.send, self.receive = trio.open_memory_channel[bytes](math.inf)
-        self.rec = Recorder(Path("unused"), self.send)
+        self.queue = LineQueue()
+        self.rec = Recorder(Path("unused"), self.queue)
         self.rec.emit("trusted_harness", "run_started", {"nonce": None, "run_id": "r", "tasks": [TASK]})
         for kind in ("task_started", "evaluator_started", "agent_started"):
             self.rec.emit("trusted_harness", kind, {"task": TASK})
@@ -41,12 +39,7 @@ class _Run:
         self.rec.close_channel("evaluator")
         self.rec.emit("trusted_harness", "task_finished", {"task": TASK})
         self.rec.emit("trusted_harness", "run_finished", {"tasks": {TASK: "not_completed"}})
-        lines = []
-        while True:
-            try:
-                lines.append(self.receive.receive_nowait())
-            except trio.WouldBlock:
-                return b"".join(lines)
+        return b"".join(self.queue.pending)
 
 
 def _encoded(value: Any) -> bytes:

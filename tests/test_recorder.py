@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from ale.core.canonical import canonical_json
 from ale.core.trajectory import ChainError, verify_chain
-from ale.runner.recorder import CAPS, Recorder, clip_text
+from ale.runner.recorder import CAPS, LineQueue, Recorder, clip_text
 
 TASK = "cartpole-balance@1.0.0"
 
 
-def _recorder(**kw: Any) -> tuple[Recorder, trio.MemoryReceiveChannel[bytes]]:
-    send, receive = trio.open_memory_channel[bytes](math.inf)
-    rec = Recorder(Path("unused"), send, **kw)
+def _recorder(**kw: Any) -> tuple[Recorder, LineQueue]:
+    queue = LineQueue()
+    rec = Recorder(Path("unused"), queue, **kw)
     rec.emit("trusted_harness", "run_started", {"nonce": None, "run_id": "r", "tasks": [TASK]})
-    return rec, receive
+    return rec, queue
 
 
 def _open_agent_phase(rec: Recorder) -> None:
@@ -29,13 +27,10 @@ def _open_agent_phase(rec: Recorder) -> None:
         rec.emit("trusted_harness", kind, {"task": TASK})
 
 
-def _events(receive: trio.MemoryReceiveChannel[bytes]) -> list[dict[str, Any]]:
-    out = []
-    while True:
-        try:
-            out.append(json.loads(receive.receive_nowait()))
-        except trio.WouldBlock:
-            return out
+def _events(queue: LineQueue) -> list[dict[str, Any]]:
+    """The lines written since the last call, as events."""
+    lines, queue.pending = queue.pending, []
+    return [json.loads(line) for line in lines]
 
 
 def test_clip_text_keeps_whole_characters_and_says_how_many_bytes_were_cut() -> None:

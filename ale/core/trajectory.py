@@ -40,7 +40,6 @@ from ale.core.canonical import (
     ORJSON_OPTIONS,
     CanonicalError,
     canonical_json,
-    encode_prepared,
     parse_canonical,
     prepare,
 )
@@ -73,23 +72,60 @@ def event_hash(event_without_hash: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical_json(dict(event_without_hash))).hexdigest()
 
 
+_last_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text
+
+
 def format_wall_time(epoch_seconds: float) -> str:
     """RFC 3339 UTC with exactly six fractional digits, from seconds since the epoch."""
-    micros = round(epoch_seconds * 1_000_000)
-    moment = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC) + _dt.timedelta(microseconds=micros)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    global _last_second
+    second, micros = divmod(round(epoch_seconds * 1_000_000), 1_000_000)
+    cached = _last_second  # one tuple, replaced whole: consistent whichever thread reads it
+    if cached[0] != second:
+        moment = _dt.datetime(1970, 1, 1, tzinfo=_dt.UTC) + _dt.timedelta(seconds=second)
+        cached = _last_second = (second, moment.strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{cached[1]}.{micros:06d}Z"
 
 
-def _hash_and_line(event: dict[str, Any]) -> tuple[str, bytes]:
-    """The event's hash and its JSONL line, preparing the canonical form once."""
-    prepared = prepare(event)
-    if prepared is not None:
-        try:
-            digest = hashlib.sha256(encode_prepared(prepared)).hexdigest()
-            prepared["hash"] = digest
-            return digest, encode_prepared(prepared) + b"\n"
-        except UnicodeEncodeError:
-            pass
+def _number(value: Any) -> str | None:
+    """A time's canonical JSON number where Python's and ECMAScript's shortest forms agree."""
+    if type(value) is float:
+        if value.is_integer():
+            return str(int(value)) if abs(value) <= 2**53 - 1 else None
+        return repr(value) if 1e-4 <= abs(value) < 1e16 else None
+    if type(value) is int and abs(value) <= 2**53 - 1:
+        return str(value)
+    return None
+
+
+def _fast_line(event: dict[str, Any], prepared: Any | None) -> tuple[str, bytes] | None:
+    """The event's hash and line, assembled member by member in RFC 8785's key order (data, hash,
+    kind, monotonic, prev_hash, producer, producer_sequence, schema, seq, wall_time): only
+    ``data`` is encoded as a whole, once, by orjson, when :func:`prepare` vouched for it
+    (``prepared``: where orjson and RFC 8785 agree; see ale.core.canonical). The other members are the chain's own:
+    identifiers, hex digests, counters and a formatted time, which need no escaping (build
+    checked them). None: take the reference path."""
+    monotonic = _number(event["monotonic"])
+    if prepared is None or monotonic is None or event["schema"] != EVENT_SCHEMA:
+        return None
+    try:
+        data = orjson.dumps(prepared, option=ORJSON_OPTIONS)
+    except orjson.JSONEncodeError:  # a lone surrogate, an integer orjson refuses: the reference decides
+        return None
+    tail = (
+        f'"kind":"{event["kind"]}","monotonic":{monotonic},"prev_hash":"{event["prev_hash"]}",'
+        f'"producer":"{event["producer"]}","producer_sequence":{event["producer_sequence"]},'
+        f'"schema":"{EVENT_SCHEMA}","seq":{event["seq"]},"wall_time":"{event["wall_time"]}"}}'
+    ).encode()
+    digest = hashlib.sha256(b'{"data":' + data + b"," + tail).hexdigest()
+    return digest, b'{"data":' + data + b',"hash":"' + digest.encode() + b'",' + tail + b"\n"
+
+
+def _hash_and_line(event: dict[str, Any], prepared: Any | None = None) -> tuple[str, bytes]:
+    """The event's hash and its JSONL line: the fast assembly (given ``data`` prepared), or the
+    reference path."""
+    fast = _fast_line(event, prepared)
+    if fast is not None:
+        return fast
     # The reference path: its numbers and strings are the unusual ones (an integral float past
     # 2**53 is written as an integer no verifier accepts, a lone surrogate has no form at all), so
     # the line is read back the way a verifier reads it.
@@ -123,6 +159,7 @@ class ChainBuilder:
             raise ValueError("monotonic time must be finite")
         if not 0 <= wall_time < _YEAR_10000:  # (false for NaN and the infinities too)
             raise ValueError(f"wall time {wall_time!r} is not a time between 1970 and 9999")
+        prepared = prepare(data)
         event: dict[str, Any] = {
             "schema": EVENT_SCHEMA,
             "seq": self.seq,
@@ -131,10 +168,10 @@ class ChainBuilder:
             "wall_time": format_wall_time(wall_time),
             "monotonic": monotonic,
             "kind": kind,
-            "data": dict(data),
+            "data": dict(data) if prepared is None else prepared,  # prepared: a copy, as a verifier reads it
             "prev_hash": self.head,
         }
-        event["hash"], line = _hash_and_line(event)
+        event["hash"], line = _hash_and_line(event, prepared)
         if len(line) > MAX_LINE_BYTES:
             raise ValueError(f"event of {len(line)} bytes exceeds the line limit of {MAX_LINE_BYTES}")
         return event, line

@@ -20,7 +20,6 @@ fits the site's upload limit with the other bundle files (docs/formats.md, "Caps
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -139,14 +138,42 @@ class Allowance:
     dropped_bytes: int = 0
 
 
+class LineQueue:
+    """Lines on their way to the file: :meth:`put` appends (no await, no per-line wake-up once
+    the writer is busy), the writer :meth:`take` s everything waiting at once."""
+
+    def __init__(self) -> None:
+        self.pending: list[bytes] = []
+        self.closed = False
+        self._waiting = trio.lowlevel.ParkingLot()
+
+    def put(self, line: bytes) -> None:
+        if self.closed:
+            raise trio.ClosedResourceError("the recorder is closed")
+        self.pending.append(line)
+        if self._waiting:
+            self._waiting.unpark()
+
+    def close(self) -> None:
+        self.closed = True
+        self._waiting.unpark_all()
+
+    async def take(self) -> list[bytes] | None:
+        """Every line waiting (once there is one), or None once closed and empty."""
+        while not self.pending:
+            if self.closed:
+                return None
+            await self._waiting.park()
+        batch, self.pending = self.pending, []
+        return batch
+
+
 class Recorder:
-    def __init__(
-        self, path: Path, send: trio.MemorySendChannel[bytes], *, tasks: int = 1, budgets: Mapping[str, int] = BUDGETS
-    ) -> None:
+    def __init__(self, path: Path, queue: LineQueue, *, tasks: int = 1, budgets: Mapping[str, int] = BUDGETS) -> None:
         self.path = path
         self.chain = ChainBuilder()
         self.grammar = grammar.GrammarState()
-        self._send = send
+        self._queue = queue
         self.counts: dict[str, int] = {}
         self._budgets = {channel: total // max(1, tasks) for channel, total in budgets.items()}
         self._open: dict[str, Allowance] = {}
@@ -248,30 +275,16 @@ class Recorder:
         allowance = self._open.get(channel) if channel is not None else None
         if allowance is not None:
             allowance.used += len(line)
-        self._send.send_nowait(line)
+        self._queue.put(line)
         return None
 
 
-async def _writer(receive: trio.MemoryReceiveChannel[bytes], fh: IO[bytes]) -> None:
-    # Shielded: on cancellation (Ctrl-C, a deadline) the writer still drains every emitted line;
-    # it ends when the recorder closes its sending side.
+async def _writer(queue: LineQueue, fh: IO[bytes]) -> None:
+    # Shielded: on cancellation (Ctrl-C, a deadline) the writer still writes every emitted line;
+    # it ends when the recorder closes its queue.
     with trio.CancelScope(shield=True):
-        await _drain(receive, fh)
-
-
-async def _drain(receive: trio.MemoryReceiveChannel[bytes], fh: IO[bytes]) -> None:
-    async with receive:
-        batch: list[bytes] = []
-        async for line in receive:
-            batch.append(line)
-            while True:
-                try:
-                    batch.append(receive.receive_nowait())
-                except (trio.WouldBlock, trio.EndOfChannel):
-                    break
-            data = b"".join(batch)
-            batch.clear()
-            await trio.to_thread.run_sync(fh.write, data)
+        while (batch := await queue.take()) is not None:
+            await trio.to_thread.run_sync(fh.write, b"".join(batch))
         await trio.to_thread.run_sync(fh.flush)
 
 
@@ -279,14 +292,14 @@ async def _drain(receive: trio.MemoryReceiveChannel[bytes], fh: IO[bytes]) -> No
 async def open_recorder(path: Path, *, tasks: int = 1, budgets: Mapping[str, int] = BUDGETS) -> AsyncIterator[Recorder]:
     """A recorder writing to ``path`` for a run of ``tasks`` tasks; on exit every emitted line is on disk."""
     fh = await trio.to_thread.run_sync(lambda: open(path, "xb"))  # noqa: SIM115 - closed below
-    send, receive = trio.open_memory_channel[bytes](math.inf)
+    queue = LineQueue()
     try:
         with collapse():
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_writer, receive, fh)
+                nursery.start_soon(_writer, queue, fh)
                 try:
-                    yield Recorder(path, send, tasks=tasks, budgets=budgets)
+                    yield Recorder(path, queue, tasks=tasks, budgets=budgets)
                 finally:
-                    send.close()
+                    queue.close()
     finally:
         await trio.to_thread.run_sync(fh.close)
