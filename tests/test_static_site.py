@@ -171,11 +171,11 @@ def test_one_submission(tmp_path: Path) -> None:
     assert row is not None
     cells = _cells(_read(site, "index.html"), ids["only"])
     assert cells[0] == "1"
-    assert cells[1] == "OpenHands-R"
-    assert cells[2] == "gpt-5.1"
-    assert cells[3] == "high"
-    assert cells[4] == f"{row['summary']['categories']['overall']:.3f}"
-    assert cells[5] == "100.0%"
+    assert cells[1] == f"{row['summary']['categories']['overall']:.3f}"
+    assert cells[2] == "100.0%"
+    assert cells[3] == "OpenHands-R"
+    assert cells[4] == "gpt-5.1"
+    assert cells[5] == "high"
     assert cells[6] == "4/4"
     assert cells[7] == "1 h 30 min"
     assert cells[8] == "—"
@@ -380,8 +380,8 @@ def test_board_order_matches_the_api(mix: dict[str, Any]) -> None:
         for r in api:
             cells = _cells(html, r["submission_id"])
             assert cells[0] == ("—" if r["rank"] is None else str(r["rank"]))
-            assert cells[4] == f"{r['score']:.3f}"
-            assert cells[6] == f"{r['covered']}/{r['required']}" or category != "overall"
+            assert cells[1] == f"{r['score']:.3f}"
+            assert cells[6] == f"{r['covered']}/{r['required']}"  # the category's coverage
 
 
 def test_scores_are_ratios_with_three_decimals(mix: dict[str, Any]) -> None:
@@ -391,7 +391,7 @@ def test_scores_are_ratios_with_three_decimals(mix: dict[str, Any]) -> None:
         assert scores
         assert all(re.fullmatch(r"\d+\.\d{3}", s) for s in scores), scores
     capped = _cells(_read(mix["site"], "index.html"), mix["ids"]["capped"])
-    assert capped[4] == "1.500"
+    assert capped[1] == "1.500"
     assert capped[0] == "1"
 
 
@@ -446,7 +446,7 @@ def test_categories_split_by_genre(mix: dict[str, Any]) -> None:
     assert _cells(_read(site, "reproduction.html"), ids["reproduction_only"])[6] == "2/2"
     assert _cells(_read(site, "index.html"), ids["reproduction_only"])[6] == "2/4"
     unfaithful = _cells(_read(site, "reproduction.html"), ids["unfaithful"])
-    assert unfaithful[4] == "0.000"  # the faithfulness gate
+    assert unfaithful[1] == "0.000"  # the faithfulness gate
 
 
 def test_tokens_only_from_the_proxy(mix: dict[str, Any]) -> None:
@@ -637,7 +637,26 @@ def test_a_sparse_summary_still_exports(tmp_path: Path) -> None:
          "reason": "all checks passed"},
     )  # fmt: skip
     site = _export(database, tmp_path / "site")
-    assert _cells(_read(site, "index.html"), "sub_old")[:5] == ["1", "old-agent", "—", "—", "0.500"]
+    assert _cells(_read(site, "index.html"), "sub_old")[:6] == ["1", "0.500", "—", "old-agent", "—", "—"]
     assert "old-agent" in _read(site, "submissions/sub_old.html")
     assert "0.500" in _read(site, "tasks/cartpole-balance.html")
     assert _check_links(site) > 50
+
+
+def test_a_partial_run_ranks_after_every_complete_run_on_the_board_and_in_the_api(mix: dict[str, Any]) -> None:
+    """scoring.txt: a run is not comparable to a full run unless its coverage is complete. The
+    open-genre-only run (2 of 4 tasks, the best score) used to rank second overall, above complete runs."""
+    rows = db.ranked_submissions(mix["db"])
+    ids = mix["ids"]
+    for category, page in BOARD_PAGES.items():
+        ranked = [r for r in leaderboard_rows(rows, category) if r["rank"] is not None]
+        flags = [r["complete"] for r in ranked]
+        assert flags == sorted(flags, reverse=True), category  # every complete row before every partial one
+        assert all(r["complete"] == (r["covered"] == r["required"]) for r in ranked)
+        html = _read(mix["site"], page)
+        assert ("Partial coverage" in html) == (False in flags), category
+    overall = {r["submission_id"]: r for r in leaderboard_rows(rows, "overall")}
+    assert overall[ids["open_only"]]["complete"] is False
+    assert overall[ids["open_only"]]["rank"] > max(r["rank"] or 0 for r in overall.values() if r["complete"])
+    reproduction = {r["submission_id"]: r for r in leaderboard_rows(rows, "reproduction")}
+    assert reproduction[ids["reproduction_only"]]["complete"] is True  # it covers every reproduction task

@@ -245,6 +245,14 @@ def test_contrast_and_phone_layout(browser: Any, served: dict[str, Any]) -> None
         _load(browser, base + "index.html")
         region = browser.find_element("css selector", ".table-scroll")
         assert browser.execute_script("return arguments[0].scrollWidth > arguments[0].clientWidth", region)
+        # What ranks comes first: on a phone the first row's rank, score, pass rate and agent are
+        # on screen without scrolling the table sideways (they used to be pushed off by model and effort).
+        visible = browser.execute_script(
+            """const row = document.querySelector('table.board tbody tr:not(.divider)');
+            const right = document.documentElement.clientWidth;
+            return [...row.children].slice(0, 4).map(c => c.getBoundingClientRect().right <= right);"""
+        )
+        assert visible == [True, True, True, True], visible
     finally:
         browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
     assert (ARTIFACTS / "board.png").stat().st_size > 10_000

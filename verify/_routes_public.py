@@ -6,11 +6,12 @@ from typing import Any
 
 from quart import Blueprint, request
 
-from ale_verify import __version__, db, openapi
+from ale import catalog
+from ale_verify import __version__, db, openapi, ranking
 from ale_verify._web import ApiError, run_db, state
 
 bp = Blueprint("public", __name__)
-CATEGORIES = ("overall", "reproduction", "open")
+CATEGORIES = ranking.CATEGORIES
 
 
 def public_submission(row: dict[str, Any]) -> dict[str, Any]:
@@ -30,10 +31,10 @@ def public_submission(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _board_row(row: dict[str, Any], score: float) -> dict[str, Any]:
+def _board_row(row: dict[str, Any], category: str, score: float, specs: dict[str, Any]) -> dict[str, Any]:
     summary = row["summary"]
     declared = summary["agent"]["declared"]
-    covered, missing = summary.get("covered", []), summary.get("missing", [])
+    covered, required = ranking.coverage(summary, category, specs)
     return {
         "submission_id": row["id"],
         "agent": summary["agent"]["name"],
@@ -41,24 +42,36 @@ def _board_row(row: dict[str, Any], score: float) -> dict[str, Any]:
         "effort": declared.get("effort"),
         "score": score,
         "pass_rate": summary.get("pass_rate"),
-        "covered": len(covered),
-        "required": len(covered) + len(missing),
+        "covered": covered,
+        "required": required,
+        "complete": ranking.complete((covered, required)),
         "level": row["level"],
         "received_at": row["received_at"],
     }
 
 
 def leaderboard_rows(rows: list[dict[str, Any]], category: str) -> list[dict[str, Any]]:
-    """Accepted submissions ranked by their category score; revoked ones kept, marked, unranked."""
+    """Accepted submissions in board order (:mod:`ale_verify.ranking`: complete runs first);
+    revoked ones kept, marked, unranked."""
+    specs = {t.spec.ref: t.spec for t in catalog.tasks().values()}
     out = []
     for row in rows:
         score = (row["summary"].get("categories") or {}).get(category)
         if score is not None:
-            out.append(_board_row(row, score))
-    ranked = sorted((r for r in out if r["level"] != "revoked"), key=lambda r: (-r["score"], r["received_at"]))
+            out.append(_board_row(row, category, score, specs))
+
+    def key(r: dict[str, Any]) -> tuple[Any, ...]:
+        return ranking.order_key(
+            score=r["score"], is_complete=r["complete"], received_at=r["received_at"], ident=r["submission_id"]
+        )
+
+    ranked = sorted((r for r in out if r["level"] != "revoked"), key=key)
     for rank, r in enumerate(ranked, start=1):
         r["rank"] = rank
-    revoked = [dict(r, rank=None) for r in out if r["level"] == "revoked"]
+    revoked = sorted(
+        (dict(r, rank=None) for r in out if r["level"] == "revoked"),
+        key=lambda r: (r["received_at"], r["submission_id"]),
+    )
     return ranked + revoked
 
 

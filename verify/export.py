@@ -48,7 +48,7 @@ from markdown_it.token import Token
 from markupsafe import Markup
 
 from ale import catalog
-from ale_verify import __version__, db
+from ale_verify import __version__, db, ranking
 
 #: The board's tabs: (category, label, first page, stem of later pages).
 CATEGORIES: tuple[tuple[str, str, str, str], ...] = (
@@ -198,17 +198,6 @@ def _parse_time(text: Any) -> float | None:
 # -- the data model ---------------------------------------------------------------------------
 
 
-def _genre_of(ref: str, summary: dict[str, Any], specs: dict[str, Any]) -> str | None:
-    info = (summary.get("task_info") or {}).get(ref) or {}
-    if info.get("genre"):
-        return str(info["genre"])
-    for t in summary.get("tasks") or []:
-        if t.get("task") == ref and t.get("genre"):
-            return str(t["genre"])
-    spec = specs.get(ref)
-    return spec.genre if spec is not None else None
-
-
 @attrs.define
 class Entry:
     """One accepted submission, as every page and export sees it."""
@@ -246,22 +235,21 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
     agent = s.get("agent") or {}
     declared = agent.get("declared") or {}
     covered = list(s.get("covered") or [])
-    required = covered + list(s.get("missing") or [])
     completed = {t["task"]: t for t in s["tasks"] if t["status"] == "completed" and t["final"] is not None}
     scores: dict[str, float | None] = {}
     pass_rates: dict[str, float | None] = {}
     coverage: dict[str, tuple[int, int]] = {}
     categories = s.get("categories") or {}
     for category, *_ in CATEGORIES:
-
-        def wanted(ref: str, category: str = category) -> bool:
-            return category == "overall" or _genre_of(ref, s, specs) == category
-
         scores[category] = categories.get(category)
-        in_cat = [completed[r] for r in covered if r in completed and wanted(r)]
+        in_cat = [
+            completed[r]
+            for r in covered
+            if r in completed and (category == "overall" or ranking.genre_of(r, s, specs) == category)
+        ]
         episodes = sum(int(t.get("episodes") or 0) for t in in_cat)
         pass_rates[category] = sum(int(t.get("passed") or 0) for t in in_cat) / episodes if episodes else None
-        coverage[category] = (sum(1 for r in covered if wanted(r)), sum(1 for r in required if wanted(r)))
+        coverage[category] = ranking.coverage(s, category, specs)
     if s.get("pass_rate") is not None:
         pass_rates["overall"] = s["pass_rate"]  # the verifier's own figure
     started, finished = _parse_time(s.get("started")), _parse_time(s.get("finished"))
@@ -287,13 +275,27 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
     )
 
 
-def rank(entries: Iterable[Entry], score: Callable[[Entry], float | None]) -> tuple[list[Entry], list[Entry]]:
-    """Ranked rows (score descending, then the earlier upload, then the id) and revoked ones
-    (unranked, by upload time), as ``GET /api/v1/leaderboard`` orders them."""
+def rank(
+    entries: Iterable[Entry],
+    score: Callable[[Entry], float | None],
+    complete: Callable[[Entry], bool] = lambda _e: True,
+) -> tuple[list[Entry], list[Entry]]:
+    """Ranked rows in board order (:mod:`ale_verify.ranking`: runs ``complete`` for the board
+    first, then score descending, the earlier upload, the id) and revoked ones (unranked, by
+    upload time), as ``GET /api/v1/leaderboard`` orders them."""
     scored = [e for e in entries if score(e) is not None]
-    ranked = sorted((e for e in scored if not e.revoked), key=lambda e: (-(score(e) or 0.0), e.received_at, e.id))
+
+    def key(e: Entry) -> tuple[Any, ...]:
+        return ranking.order_key(score=score(e) or 0.0, is_complete=complete(e), received_at=e.received_at, ident=e.id)
+
+    ranked = sorted((e for e in scored if not e.revoked), key=key)
     revoked = sorted((e for e in scored if e.revoked), key=lambda e: (e.received_at, e.id))
     return ranked, revoked
+
+
+def category_complete(category: str) -> Callable[[Entry], bool]:
+    """Whether an entry covers every required task of the category (:func:`ale_verify.ranking.complete`)."""
+    return lambda e: ranking.complete(e.coverage[category])
 
 
 def category_score(category: str) -> Callable[[Entry], float | None]:
@@ -531,6 +533,7 @@ class Site:
         self.top_n = top_n
         self.docs_dir = docs_dir
         self.files: dict[str, tuple[str, int]] = {}
+        self._folders: set[str] = set()  # made already
         self.pages = 0
         root = site_dir()
         if not (root / "templates").is_dir():
@@ -570,9 +573,19 @@ class Site:
     def write(self, rel: str, data: bytes) -> None:
         if rel.startswith("/") or ".." in rel.split("/"):
             raise ExportError(f"refusing to write outside the site: {rel}")
-        path = self.out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        folder, _, _ = rel.rpartition("/")
+        if folder not in self._folders:
+            (self.out / folder).mkdir(parents=True, exist_ok=True)
+            self._folders.add(folder)
+        # os.open and one write: a pathlib write_bytes costs several times as much per file, and
+        # a site has a page per submission.
+        fd = os.open(self.out / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
         self.files[rel] = (hashlib.sha256(data).hexdigest(), len(data))
 
     def _asset(self, source: Path, stem: str) -> str:
@@ -612,7 +625,7 @@ class Site:
         entries.sort(key=lambda e: (e.received_at, e.id))
         boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
         for category, *_ in CATEGORIES:
-            ranked, revoked = rank(entries, category_score(category))
+            ranked, revoked = rank(entries, category_score(category), category_complete(category))
             for position, e in enumerate(ranked, start=1):
                 e.ranks[category] = position
             boards[category] = (ranked, revoked)
