@@ -161,6 +161,7 @@ def tcp_relay(unix_path: str) -> Iterator[int]:
             for s in (sink, source):
                 with suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+            source.close()  # each socket is the source of one pump
 
     def accept() -> None:
         while not stop.is_set():

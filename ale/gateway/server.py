@@ -204,37 +204,54 @@ class Gateway:
             self.finish(ex)
 
     async def _handle(self, agent: Agent, request: h11.Request, ex: Exchange) -> None:
-        path, _, query = ex.path.partition("?")
-        name, _, rest = path.removeprefix("/").partition("/")
-        upstream = self.config.upstream(name) if path.startswith("/") else None
-        headers = {k.lower(): v for k, v in request.headers}  # h11 lower-cases names already
-        if upstream is not None:
-            ex.upstream, ex.api = upstream, upstream.api
-            ex.path = upstream.base_path + "/" + rest + (f"?{query}" if query else "")
-        length = headers.get(b"content-length")
-        if length is not None and int(length) > MAX_BODY_BYTES:
-            return await self._deny(agent, ex, 413, "body_too_large", _too_large(int(length)), close=True)
+        headers = dict(request.headers)  # h11 lower-cases the names
+        name, rest, query = self._target(ex)
+        refusal = _head_refusal(request, headers)
+        if refusal is not None:
+            return await self._deny(agent, ex, *refusal, close=True)
         raw = await self._read_body(agent, ex)
         if raw is None:
             return
-        if upstream is None:
-            return await self._deny(agent, ex, 404, "unknown_upstream", _unknown(name, self.config))
-        found = wire.route(upstream.api, ex.method, rest, query)
+        refusal = self._refusal(ex, name, rest, query, headers)
+        if refusal is not None:
+            return await self._deny(agent, ex, *refusal)
+        forward: bytes | None = raw
+        if ex.method == "POST":
+            forward = await self._prepare(agent, ex, raw)
+        if forward is not None:
+            await self._forward(agent, ex, headers, forward)
+
+    def _target(self, ex: Exchange) -> tuple[str, str, str]:
+        """(upstream name, path below it, query) of the request target; the upstream noted on ``ex``."""
+        path, _, query = ex.path.partition("?")
+        name, _, rest = path.removeprefix("/").partition("/")
+        upstream = self.config.upstream(name) if path.startswith("/") else None
+        if upstream is not None:
+            ex.upstream, ex.api = upstream, upstream.api
+            ex.path = upstream.base_path + "/" + rest + (f"?{query}" if query else "")
+        return name, rest, query
+
+    def _refusal(
+        self, ex: Exchange, name: str, rest: str, query: str, headers: dict[bytes, bytes]
+    ) -> tuple[int, str, str] | None:
+        """Why the request is refused before its body is read, in this order: no such upstream, a
+        path off the allow-list, a wrong placeholder, a closed policy (None: none of these)."""
+        if ex.upstream is None:
+            return 404, "unknown_upstream", _unknown(name, self.config)
+        found = wire.route(ex.upstream.api, ex.method, rest, query)
         if found is None:
-            message = f"{ex.method} /{name}/{rest} is not an allowed API path (allowed: {wire.allowed_paths(ex.api)})"
-            return await self._deny(agent, ex, 403, "path_not_allowed", message)
+            allowed = wire.allowed_paths(ex.api)
+            return (
+                403,
+                "path_not_allowed",
+                f"{ex.method} /{name}/{rest} is not an allowed API path (allowed: {allowed})",
+            )
         ex.endpoint, ex.model = found
         if not self._authorised(headers):
-            return await self._deny(agent, ex, 401, "bad_credentials", _BAD_CREDENTIALS)
+            return 401, "bad_credentials", _BAD_CREDENTIALS
         if self.policy == "closed":
-            return await self._deny(agent, ex, 403, "policy_closed", _CLOSED)
-        forward = raw
-        if ex.method == "POST":
-            prepared = await self._prepare(agent, ex, raw)
-            if prepared is None:
-                return
-            forward = prepared
-        await self._forward(agent, ex, headers, forward)
+            return 403, "policy_closed", _CLOSED
+        return None
 
     async def _read_body(self, agent: Agent, ex: Exchange) -> bytes | None:
         parts: list[bytes] = []
@@ -680,6 +697,15 @@ _BAD_CREDENTIALS: Final = "missing or wrong API key: use the placeholder key thi
 
 def _is_phase(value: Any) -> bool:
     return type(value) is str and 1 <= len(value) <= 32 and all(c.islower() or c == "_" for c in value)
+
+
+def _head_refusal(request: h11.Request, headers: dict[bytes, bytes]) -> tuple[int, str, str] | None:
+    if len(request.target) + sum(len(k) + len(v) + 4 for k, v in request.headers) > MAX_HEADER_BYTES:
+        return 431, "headers_too_large", f"the request head exceeds the gateway's limit of {MAX_HEADER_BYTES} bytes"
+    length = headers.get(b"content-length")
+    if length is not None and int(length) > MAX_BODY_BYTES:
+        return 413, "body_too_large", _too_large(int(length))
+    return None
 
 
 def _too_large(size: int) -> str:

@@ -87,11 +87,14 @@ class Pool:
                     stream = tls
         except trio.TooSlowError:
             raise UpstreamError(f"connecting to {upstream.host_header} timed out") from None
-        except ssl.SSLCertVerificationError as error:
-            reason = error.reason or "unverified"
-            raise UpstreamError(f"the certificate of {upstream.host_header} failed verification: {reason}") from None
         except (OSError, ssl.SSLError, trio.BrokenResourceError) as error:
-            raise UpstreamError(f"cannot connect to {upstream.host_header} ({type(error).__name__})") from None
+            cause = error.__cause__ if isinstance(error, trio.BrokenResourceError) else error
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                reason = cause.verify_message or cause.reason or "unverified"
+                raise UpstreamError(
+                    f"the certificate of {upstream.host_header} failed verification: {reason}"
+                ) from None
+            raise UpstreamError(f"cannot connect to {upstream.host_header} ({type(cause).__name__})") from None
         return Connection(stream)
 
     async def acquire(self) -> Connection:
