@@ -14,6 +14,12 @@ Use from sync or async tests (the server runs in threads of its own)::
     with serve_upstream(tls=True, api_key="sk-real") as up:   # https with a throwaway CA (up.ca_file);
         ...                 # the key is required (Bearer or x-api-key), anything else gets 401
 
+    with serve_upstream(by_model={"slow": Turn(chunk_delay=1, text="...")}) as up:
+        ...                 # a request for model "slow" always gets that turn (before the script)
+
+``python tests/llm_upstream.py --by-model JSON`` serves in a process of its own (a benchmark's
+upstream), prints its URL on one line and runs until killed (``JSON``: model -> Turn fields).
+
 Routes (real paths; the OpenAI base is ``/v1``, the Anthropic base the root): ``POST /v1/chat/completions``,
 ``POST /v1/responses``, ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``,
 ``GET /v1/models/{id}`` (Anthropic's shape when the request has an ``anthropic-version`` header).
@@ -130,6 +136,7 @@ class Upstream:
     script: list[Turn]
     default: Turn | None
     scripted: bool
+    by_model: dict[str, Turn]
     api_key: str | None
     _stop: threading.Event
     _lock: threading.Lock
@@ -176,6 +183,7 @@ def serve_upstream(
     default: Turn | None = None,
     tls: bool = False,
     api_key: str | None = None,
+    by_model: dict[str, Turn] | None = None,
 ) -> Iterator[Upstream]:
     """Serve the test upstream on 127.0.0.1 (a free port) until the block ends.
 
@@ -183,7 +191,9 @@ def serve_upstream(
     a script every request gets ``default``, or an echo of its last user message.
     """
     stop, lock = threading.Event(), threading.Lock()
-    up = Upstream("", None, [], list(script or ()), default, script is not None, api_key, stop, lock)
+    up = Upstream(
+        "", None, [], list(script or ()), default, script is not None, dict(by_model or {}), api_key, stop, lock
+    )
     server = _Server(("127.0.0.1", 0), _Handler)
     server.upstream = up
     with tempfile.TemporaryDirectory(prefix="ale-upstream-") as folder:
@@ -292,6 +302,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _turn(self, body: dict[str, Any]) -> Turn | None:
         up = self.server.upstream
+        model = body.get("model")
+        if isinstance(model, str) and model in up.by_model:
+            return up.by_model[model]
         turn = up._next_turn()
         if turn is None and not up.scripted:
             return Turn(text=f"echo: {_last_user_text(body)}"[:400])
@@ -737,3 +750,15 @@ def _tls_context(folder: Path) -> tuple[str, ssl.SSLContext]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_file, key_file)
     return str(ca_file), context
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="serve the test upstream until killed")
+    parser.add_argument("--by-model", default="{}", help="JSON: model name -> Turn fields")
+    args = parser.parse_args()
+    turns = {name: Turn(**fields) for name, fields in json.loads(args.by_model).items()}
+    with serve_upstream(by_model=turns) as served:
+        print(served.url, flush=True)
+        threading.Event().wait()

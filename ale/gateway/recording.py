@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import orjson
 
+from ale.gateway.wire import MAX_BODY_DEPTH
 from ale.runner.recorder import clip_text
 
 KIB = 1024
@@ -30,8 +31,11 @@ STRING_BYTES: Final = 64 * KIB
 LINE_BYTES: Final = 256 * KIB
 #: the tighter string caps tried, in order, when a line is still too long
 _TIGHTER: Final = (16 * KIB, 4 * KIB, 1 * KIB, 256)
-#: containers nested deeper than this in an event's data are replaced by a note
-MAX_DATA_DEPTH: Final = 40
+#: containers nested deeper than this in an event's data are replaced by a note: a safety net, since
+#: the messages a record holds come from bodies parsed with at most MAX_BODY_DEPTH levels, which
+#: leaves room for the record's own (so a short line needs no walk at all)
+MAX_DATA_DEPTH: Final = 56
+assert MAX_BODY_DEPTH + 4 <= MAX_DATA_DEPTH
 MAX_CONVERSATIONS: Final = 64
 
 
@@ -107,7 +111,9 @@ def fit_line(record: Mapping[str, Any], redact: Sequence[str] = ()) -> bytes:
     occurrence of a ``redact`` string replaced by ``[redacted]`` (before any string is cut, so no
     part of one is left either)."""
     escaped = [orjson.dumps(s)[1:-1] for s in redact]
-    line = b""
+    line = orjson.dumps(record)
+    if len(line) <= STRING_BYTES:  # no string in it can be over the cap, nor nest too deep (see above)
+        return _redact_line(line, escaped) + b"\n"
     for limit in (STRING_BYTES, *_TIGHTER):
         line = _line(clip(record, limit, redact), escaped)
         if len(line) <= LINE_BYTES:
@@ -131,9 +137,12 @@ def fit_line(record: Mapping[str, Any], redact: Sequence[str] = ()) -> bytes:
     return _line({**kept, "messages": [], "response": note}, escaped)
 
 
-def _line(record: Mapping[str, Any], redact: Sequence[bytes]) -> bytes:
-    line = orjson.dumps(record)
+def _redact_line(line: bytes, redact: Sequence[bytes]) -> bytes:
     for secret in redact:
         if secret in line:
             line = line.replace(secret, b"[redacted]")
-    return line + b"\n"
+    return line
+
+
+def _line(record: Mapping[str, Any], redact: Sequence[bytes]) -> bytes:
+    return _redact_line(orjson.dumps(record), redact) + b"\n"

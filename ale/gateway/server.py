@@ -30,7 +30,7 @@ from ale.gateway.budget import Ledger
 from ale.gateway.config import Config, Upstream
 from ale.gateway.events import EventLog
 from ale.gateway.recording import Conversations
-from ale.gateway.upstream import Connection, Pool, UpstreamError, next_chunk
+from ale.gateway.upstream import WAIT, Connection, Pool, UpstreamError, next_chunk
 
 MAX_HEADER_BYTES: Final = 64 * 1024
 MAX_BODY_BYTES: Final = 32 * 1024 * 1024
@@ -90,6 +90,7 @@ class Exchange:
     cut: str | None = None  # why the gateway ends it early: "policy_closed", "budget_exhausted:NAME"
     read_scope: trio.CancelScope | None = None
     estimate: int = 0
+    complete: bool = False  # the whole response reached the agent
 
 
 class Agent:
@@ -106,22 +107,27 @@ class Agent:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            with trio.fail_after(seconds):
+            with trio.CancelScope(deadline=trio.current_time() + seconds) as scope:
                 try:
                     data = await self.stream.receive_some(65536)
                 except _AGENT_ERRORS:
                     raise AgentGone from None
+            if scope.cancelled_caught:
+                raise trio.TooSlowError
             self.h11.receive_data(bytes(data))
 
     async def send(self, *events: Any) -> int:
         """Send h11 events; the body bytes sent."""
         data = b"".join(self.h11.send(event) or b"" for event in events)
-        try:
-            with trio.fail_after(WRITE_SECONDS):
-                await self.stream.send_all(data)
-        except (*_AGENT_ERRORS, trio.TooSlowError):
-            self.gone = True
-            raise AgentGone from None
+        if data:
+            with trio.CancelScope(deadline=trio.current_time() + WRITE_SECONDS) as scope:
+                try:
+                    await self.stream.send_all(data)
+                except _AGENT_ERRORS:
+                    scope.cancel()
+            if scope.cancel_called:  # it broke, or stopped reading for WRITE_SECONDS
+                self.gone = True
+                raise AgentGone
         return sum(len(e.data) for e in events if type(e) is h11.Data)
 
 
@@ -338,19 +344,20 @@ class Gateway:
         pool = self.pools[ex.upstream.name]
         out = self._upstream_headers(ex.upstream, headers, len(body))
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch, agent, nursery.cancel_scope)
+            nursery.start_soon(self._watch, agent, ex, nursery.cancel_scope)
             try:
                 await self._exchange(agent, ex, pool, out, body)
             except AgentGone:
                 agent.gone = True
             finally:
                 nursery.cancel_scope.cancel()
-        if agent.gone and ex.reason is None:
+        if agent.gone and ex.reason is None and not ex.complete:
             ex.reason = "client_disconnected"
 
-    async def _watch(self, agent: Agent, scope: trio.CancelScope) -> None:
-        """Cancel the exchange as soon as the agent's connection closes (data it sends meanwhile is
-        kept for its next request, up to :data:`MAX_PIPELINED` bytes)."""
+    async def _watch(self, agent: Agent, ex: Exchange, scope: trio.CancelScope) -> None:
+        """Cancel the exchange as soon as the agent's connection closes before the response is
+        complete (data it sends meanwhile is kept for its next request, up to :data:`MAX_PIPELINED`
+        bytes)."""
         try:
             while True:
                 data = await agent.stream.receive_some(65536)
@@ -362,7 +369,8 @@ class Gateway:
         except _AGENT_ERRORS:
             pass
         agent.gone = True
-        scope.cancel()
+        if not ex.complete:
+            scope.cancel()
 
     async def _exchange(
         self, agent: Agent, ex: Exchange, pool: Pool, headers: Sequence[tuple[str, str]], body: bytes
@@ -416,37 +424,52 @@ class Gateway:
             if k not in DROPPED_RESPONSE_HEADERS or (k == b"content-length" and not streaming)
         ]
         passed.append((b"x-ale-request-id", ex.request_id.encode()))
-        await agent.send(h11.Response(status_code=response.status_code, headers=passed, reason=response.reason))
+        head = h11.Response(status_code=response.status_code, headers=passed, reason=response.reason)
         if streaming:
-            await self._stream(agent, ex, conn)
+            await self._stream(agent, ex, conn, head)
         else:
-            await self._body(agent, ex, conn)
+            await self._body(agent, ex, conn, head)
 
-    async def _next(self, ex: Exchange, conn: Connection) -> bytes | None:
-        """The next chunk from the upstream; raises _Cut when the gateway ends the exchange."""
-        with trio.CancelScope() as ex.read_scope:
+    async def _next(self, ex: Exchange, conn: Connection, pending: list[Any], agent: Agent) -> bytes | None:
+        """The next piece of the upstream's body (None: its end). What is already buffered comes at
+        once; before waiting for more, the ``pending`` events go to the agent (so one send carries a
+        head and the body that came with it). Raises _Cut when the gateway ends the exchange, and
+        trio.TooSlowError when the upstream stalls."""
+        ready = conn.poll_chunk()
+        if ready is not WAIT:
+            return ready
+        if pending:
+            ex.bytes_out += await agent.send(*pending)
+            pending.clear()
+        scope = ex.read_scope = trio.CancelScope(deadline=trio.current_time() + self.upstream_seconds)
+        with scope:
             if ex.cut is None:
-                with trio.fail_after(self.upstream_seconds):
-                    return await next_chunk(conn)
+                chunk = await next_chunk(conn)
+                ex.read_scope = None
+                return chunk
         ex.read_scope = None
-        raise _Cut
+        if ex.cut is not None:
+            raise _Cut
+        raise trio.TooSlowError
 
-    async def _body(self, agent: Agent, ex: Exchange, conn: Connection) -> None:
+    async def _body(self, agent: Agent, ex: Exchange, conn: Connection, head: h11.Response) -> None:
         kept: list[bytes] | None = [] if ex.metered or ex.status >= 400 else None
         size = 0
+        pending: list[Any] = [head]
         try:
-            while (chunk := await self._next(ex, conn)) is not None:
+            while (chunk := await self._next(ex, conn, pending, agent)) is not None:
                 if kept is not None:
                     size += len(chunk)
                     kept = kept if size <= MAX_PARSED_RESPONSE else None
                     if kept is not None:
                         kept.append(chunk)
-                ex.bytes_out += await agent.send(h11.Data(data=chunk))
+                pending.append(h11.Data(data=chunk))
         except (_Cut, UpstreamError, trio.TooSlowError) as error:
             ex.reason = ex.cut or _failure(error)
             agent.gone = True  # a body cut short: only closing the connection says so
             return
-        await agent.send(h11.EndOfMessage())
+        ex.bytes_out += await agent.send(*pending, h11.EndOfMessage())
+        ex.complete = True
         if kept is not None:
             self._read_whole(ex, b"".join(kept))
 
@@ -462,29 +485,31 @@ class Gateway:
             ex.usage, ex.usage_source = usage, "upstream"
         ex.response = seen.as_dict() if seen is not None else None
 
-    async def _stream(self, agent: Agent, ex: Exchange, conn: Connection) -> None:
+    async def _stream(self, agent: Agent, ex: Exchange, conn: Connection, head: h11.Response) -> None:
         splitter = wire.SseSplitter()
         reader = wire.StreamReader(ex.api, ex.endpoint or "", drop_usage_chunk=ex.usage_source == "injected")
         ex.usage_source = "none"
+        pending: list[Any] = [head]
         try:
-            while (chunk := await self._next(ex, conn)) is not None:
+            while (chunk := await self._next(ex, conn, pending, agent)) is not None:
                 out = [raw for raw, name, data in splitter.feed(chunk) if reader.event(name, data)]
                 if out:
-                    ex.bytes_out += await agent.send(h11.Data(data=b"".join(out)))
+                    pending.append(h11.Data(data=b"".join(out)))
                 if ex.metered and self.ledger.estimate(ex.request_id, reader.estimated_output):
                     ex.cut = ex.cut or "budget_exhausted:output_tokens"
             rest = splitter.flush()
             if rest:
-                ex.bytes_out += await agent.send(h11.Data(data=rest))
+                pending.append(h11.Data(data=rest))
         except (_Cut, UpstreamError, trio.TooSlowError) as error:
             ex.reason = ex.cut or _failure(error)
-            await self._end_stream(agent, ex)
+            await self._end_stream(agent, ex, pending)
             return
         finally:
             self._read_stream(ex, reader)
-        await agent.send(h11.EndOfMessage())
+        ex.bytes_out += await agent.send(*pending, h11.EndOfMessage())
+        ex.complete = True
 
-    async def _end_stream(self, agent: Agent, ex: Exchange) -> None:
+    async def _end_stream(self, agent: Agent, ex: Exchange, pending: list[Any]) -> None:
         """End a stream the gateway cut, or whose upstream failed, with an error event."""
         if ex.cut is not None:
             status, code, message, param = self._cut_error(ex.cut)
@@ -493,7 +518,7 @@ class Gateway:
         else:
             status, code, message, param = 502, "upstream_failed", "the upstream broke the stream", None
         event = wire.stream_error(ex.api, status, message, code, param)
-        ex.bytes_out += await agent.send(h11.Data(data=event), h11.EndOfMessage())
+        ex.bytes_out += await agent.send(*pending, h11.Data(data=event), h11.EndOfMessage())
 
     def _read_stream(self, ex: Exchange, reader: wire.StreamReader) -> None:
         ex.estimate = reader.estimated_output
@@ -544,7 +569,7 @@ class Gateway:
         self.counts["allowed" if ex.decision == "allowed" else "denied"] += 1
         usage = ex.usage
         if ex.metered:
-            if ex.ttfb is not None and (ex.cut is not None or ex.reason in _CUT_SHORT):
+            if ex.ttfb is not None and not ex.complete and (ex.cut is not None or ex.reason in _CUT_SHORT):
                 usage = self._estimated(ex)
             self.ledger.settle(ex.request_id, usage)
         messages, start, parent = self._messages(ex)

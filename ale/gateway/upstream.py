@@ -57,6 +57,20 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as error:
             raise UpstreamError(f"the connection broke ({type(error).__name__})") from None
 
+    def poll_chunk(self) -> bytes | None:
+        """The body's next piece if h11 already holds it (None: the body's end), else :data:`WAIT`."""
+        try:
+            event = self.h11.next_event()
+        except h11.RemoteProtocolError as error:
+            raise UpstreamError(f"the upstream broke HTTP ({error})") from None
+        if type(event) is h11.Data:
+            return bytes(event.data)
+        if type(event) is h11.EndOfMessage:
+            return None
+        if type(event) is h11.ConnectionClosed:
+            raise UpstreamError("the upstream closed the connection mid-response")
+        return WAIT
+
     def reusable(self) -> bool:
         return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
 
@@ -159,6 +173,10 @@ async def _exchange(
         if type(event) is h11.ConnectionClosed:
             raise UpstreamError("the upstream closed the connection before answering")
         # h11.InformationalResponse (100 Continue, ...): skipped
+
+
+#: :meth:`Connection.poll_chunk`'s answer when nothing is buffered
+WAIT: Final = b"<wait>"
 
 
 async def next_chunk(conn: Connection) -> bytes | None:

@@ -51,7 +51,8 @@ LIMIT_FIELDS: Final = {
 #: below this remaining output budget, a request that sets no output limit gets one (docs/gateway.md)
 CLAMP_UNSET_BELOW = 16384
 CHARS_PER_TOKEN = 4  # the live estimate of a stream's output (only for cutting one that goes over)
-MAX_BODY_DEPTH = 128
+#: request bodies (and upstream responses) nested deeper are refused (400) or left unread
+MAX_BODY_DEPTH = 48
 
 
 def route(api: str, method: str, rest: str, query: str) -> tuple[str, str | None] | None:
