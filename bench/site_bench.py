@@ -45,11 +45,26 @@ def main(argv: list[str] | None = None) -> int:
         fill_s = time.perf_counter() - started
         times = []
         report = None
-        for _ in range(args.rounds):
+        for i in range(args.rounds):  # cold: a fresh folder each round
             started = time.perf_counter()
-            report = export.export_site(database, site, docs_dir=ROOT / "docs", page_size=args.page_size)
+            report = export.export_site(database, site.with_name(f"site-{i}"), docs_dir=ROOT / "docs",
+                                        page_size=args.page_size)  # fmt: skip
             times.append(time.perf_counter() - started)
         assert report is not None
+        os.rename(site.with_name(f"site-{args.rounds - 1}"), site)
+        started = time.perf_counter()
+        export.export_site(database, Path(tmp) / "one-process", docs_dir=ROOT / "docs", page_size=args.page_size,
+                           jobs=1)  # fmt: skip
+        one_process_s = time.perf_counter() - started
+        # one more upload, then the export again into the same folder: only what changed is written
+        late = site_fixtures.make_summary(
+            key="bench-late", outcomes=[site_fixtures.Outcome(site_fixtures.OPEN[0], quality=0.0001)],
+            agent="late-agent", model=None, effort=None, started=site_fixtures.BASE_TIME, duration_s=60,
+        )  # fmt: skip
+        site_fixtures.insert_accepted(database, late, key="bench-late", received_at=site_fixtures.BASE_TIME + 1e9)
+        started = time.perf_counter()
+        again = export.export_site(database, site, docs_dir=ROOT / "docs", page_size=args.page_size)
+        incremental_s = time.perf_counter() - started
         pages = {p.relative_to(site).as_posix(): p.stat().st_size for p in site.rglob("*.html")}
         largest = max(pages.items(), key=lambda kv: kv[1])
         by_kind: dict[str, list[int]] = {}
@@ -76,6 +91,14 @@ def main(argv: list[str] | None = None) -> int:
             "database_bytes": database.stat().st_size,
             "export_s": {"median": round(statistics.median(times), 3), "rounds": [round(t, 3) for t in times]},
             "export_ms_per_submission": round(statistics.median(times) * 1000 / report.submissions, 3),
+            "one_process_export_s": round(one_process_s, 3),
+            "workers_speedup": round(one_process_s / statistics.median(times), 2),
+            "after_one_upload": {
+                "export_s": round(incremental_s, 3),
+                "files": again.files,
+                "rewritten": again.files - again.unchanged,
+                "unchanged": again.unchanged,
+            },
             "site": {"files": report.files, "pages": report.pages, "bytes": report.bytes},
             "board_page_bytes": pages["index.html"],
             "largest_page": {"path": largest[0], "bytes": largest[1]},
@@ -92,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         f"export of {report.submissions} submissions: {result['export_s']['median']} s median "
         f"({result['export_ms_per_submission']} ms per submission; database fill {result['fill_database_s']} s)"
     )
+    print(f"one process: {result['one_process_export_s']} s; worker processes: {result['workers_speedup']}x faster")
+    inc = result["after_one_upload"]
+    print(f"after one more upload: {inc['export_s']} s, {inc['rewritten']} of {inc['files']} files rewritten")
     print(f"board page index.html: {result['board_page_bytes']} bytes; largest page {largest[0]}: {largest[1]} bytes")
     print(f"site: {report.files} files, {report.pages} pages, {report.bytes} bytes; written {args.out}")
     return 0

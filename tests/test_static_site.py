@@ -660,3 +660,42 @@ def test_a_partial_run_ranks_after_every_complete_run_on_the_board_and_in_the_ap
     assert overall[ids["open_only"]]["rank"] > max(r["rank"] or 0 for r in overall.values() if r["complete"])
     reproduction = {r["submission_id"]: r for r in leaderboard_rows(rows, "reproduction")}
     assert reproduction[ids["reproduction_only"]]["complete"] is True  # it covers every reproduction task
+
+
+def test_worker_processes_write_the_same_site_as_one_process(tmp_path: Path) -> None:
+    database = tmp_path / "db.sqlite3"
+    sf.fill_many(database, export.PARALLEL_FROM + 37)
+    one = export.export_site(database, tmp_path / "one", docs_dir=DOCS, jobs=1)
+    two = export.export_site(database, tmp_path / "two", docs_dir=DOCS, jobs=2)
+    assert (one.files, one.pages) == (two.files, two.pages)
+    assert _tree(tmp_path / "one") == _tree(tmp_path / "two")
+
+
+def test_an_export_after_one_new_upload_rewrites_only_the_pages_that_changed(tmp_path: Path) -> None:
+    database, site = tmp_path / "db.sqlite3", tmp_path / "site"
+    sf.fill_many(database, 300)
+    export.export_site(database, site, docs_dir=DOCS)
+
+    def files() -> dict[str, tuple[int, bytes]]:
+        return {
+            p.relative_to(site).as_posix(): (p.stat().st_ino, p.read_bytes()) for p in site.rglob("*") if p.is_file()
+        }
+
+    before = files()
+    # ranked last everywhere (one open task, the lowest score): no other submission's rank moves
+    summary = sf.make_summary(key="one-more", outcomes=[sf.Outcome(sf.OPEN[0], quality=0.0001)], agent="late-agent",
+                              model="m", effort="low", started=sf.BASE_TIME, duration_s=60)  # fmt: skip
+    new_page = (
+        f"submissions/{sf.insert_accepted(database, summary, key='one-more', received_at=sf.BASE_TIME + 1e8)}.html"
+    )
+    report = export.export_site(database, site, docs_dir=DOCS)
+    after = files()
+    changed = {name for name in after if before.get(name, (0, b""))[1] != after[name][1]}
+    kept = {name for name in after if name in before and before[name][0] == after[name][0]}
+    assert kept == set(after) - changed - {export.MANIFEST}  # every unchanged file is the same file, not a rewrite
+    assert report.unchanged == len(kept)
+    assert {n for n in changed if n.startswith("submissions/")} == {new_page}
+    assert not any(n.startswith(("docs/", "schemas/", "assets/")) for n in changed)
+    fresh = export.export_site(database, tmp_path / "fresh", docs_dir=DOCS)  # the result is a fresh export's
+    assert fresh.files == report.files
+    assert _tree(tmp_path / "fresh") == _tree(site)

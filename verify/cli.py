@@ -101,14 +101,16 @@ def cmd_export_site(args: argparse.Namespace, settings: Settings) -> int:
     docs = Path(args.docs) if args.docs else export.default_docs_dir()
     try:
         report = export.export_site(
-            settings.database, Path(args.dir), docs_dir=docs, page_size=args.page_size, top_n=args.top_n
-        )
+            settings.database, Path(args.dir), docs_dir=docs, page_size=args.page_size, top_n=args.top_n,
+            jobs=args.jobs,
+        )  # fmt: skip
     except export.ExportError as exc:
         print(f"ale-verify: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps({"event": "exported", "dir": str(report.directory), "files": report.files,
                       "pages": report.pages, "bytes": report.bytes, "submissions": report.submissions,
-                      "ranked": report.ranked, "docs": str(docs) if docs else None}))  # fmt: skip
+                      "ranked": report.ranked, "unchanged": report.unchanged,
+                      "docs": str(docs) if docs else None}))  # fmt: skip
     return 0
 
 
@@ -149,6 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     site.add_argument("--docs", help="markdown docs to render under docs/ (default: the checkout's docs/)")
     site.add_argument("--page-size", type=int, default=100, help="rows per board page (default 100)")
     site.add_argument("--top-n", type=int, default=10, help="agents in the Top-N chart (default 10)")
+    site.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="worker processes for the submission pages (default: the CPUs, up to 8)",
+    )
     site.set_defaults(func=cmd_export_site)
     return parser
 

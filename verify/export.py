@@ -28,6 +28,7 @@ import hashlib
 import io
 import json
 import math
+import multiprocessing
 import os
 import posixpath
 import re
@@ -36,6 +37,7 @@ import shutil
 import tempfile
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -48,6 +50,7 @@ from markdown_it.token import Token
 from markupsafe import Markup
 
 from ale import catalog
+from ale.core.parse import ParseError, parse_json
 from ale_verify import __version__, db, ranking
 
 #: The board's tabs: (category, label, first page, stem of later pages).
@@ -103,6 +106,7 @@ class ExportReport:
     bytes: int
     submissions: int  # accepted submissions with a page (revoked included)
     ranked: int  # rows ranked on the Overall tab
+    unchanged: int = 0  # files the previous export had with the same bytes: linked, not rewritten
 
 
 # -- where the templates and docs are ----------------------------------------------------------
@@ -525,10 +529,22 @@ def _pager(first: str, stem: str, number: int, count: int) -> dict[str, Any] | N
 class Site:
     """Renders the pages into a folder and keeps the file list for the manifest."""
 
-    def __init__(self, out: Path, *, docs_dir: Path | None, page_size: int, top_n: int) -> None:
-        if page_size < 1 or top_n < 1:
-            raise ExportError("page_size and top_n must be positive")
+    def __init__(
+        self,
+        out: Path,
+        *,
+        docs_dir: Path | None,
+        page_size: int,
+        top_n: int,
+        previous: tuple[Path, dict[str, tuple[str, int]]] | None = None,
+        jobs: int = 1,
+    ) -> None:
+        if page_size < 1 or top_n < 1 or jobs < 1:
+            raise ExportError("page_size, top_n and jobs must be positive")
         self.out = out
+        self.previous = previous  # the previous export's folder and its manifest's files
+        self.jobs = jobs
+        self.unchanged = 0
         self.page_size = page_size
         self.top_n = top_n
         self.docs_dir = docs_dir
@@ -577,6 +593,15 @@ class Site:
         if folder not in self._folders:
             (self.out / folder).mkdir(parents=True, exist_ok=True)
             self._folders.add(folder)
+        entry = (hashlib.sha256(data).hexdigest(), len(data))
+        self.files[rel] = entry
+        if self.previous is not None and self.previous[1].get(rel) == entry and rel != MANIFEST:
+            try:  # the same bytes as the previous export's: that file, not a rewrite
+                os.link(self.previous[0] / rel, self.out / rel)
+                self.unchanged += 1
+                return
+            except OSError:
+                pass  # gone, or another filesystem: write it
         # os.open and one write: a pathlib write_bytes costs several times as much per file, and
         # a site has a page per submission.
         fd = os.open(self.out / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -586,7 +611,6 @@ class Site:
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
-        self.files[rel] = (hashlib.sha256(data).hexdigest(), len(data))
 
     def _asset(self, source: Path, stem: str) -> str:
         data = source.read_bytes()
@@ -647,8 +671,7 @@ class Site:
             self._board(
                 category, label, first, stem, *boards[category], unscored=unscored if category == "overall" else []
             )
-        for e in entries:
-            self._submission(e, boards)
+        self._submissions(entries, boards)
         self._tasks(task_boards)
         self._docs()
         self._exports(entries, boards)
@@ -660,7 +683,30 @@ class Site:
             bytes=sum(size for _, size in self.files.values()),
             submissions=len(entries),
             ranked=len(boards["overall"][0]),
+            unchanged=self.unchanged,
         )
+
+    def _submissions(self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
+        """A page per submission: in ``jobs`` forked worker processes when there are many (each
+        renders and writes a slice; the parent keeps their file list, in the same order)."""
+        if self.jobs == 1 or len(entries) < PARALLEL_FROM:
+            for e in entries:
+                self._submission(e, boards)
+            return
+        (self.out / "submissions").mkdir(exist_ok=True)
+        self._folders.add("submissions")
+        global _WORK
+        _WORK = (self, entries, boards)
+        step = -(-len(entries) // self.jobs)
+        slices = [(i, min(i + step, len(entries))) for i in range(0, len(entries), step)]
+        try:
+            with ProcessPoolExecutor(len(slices), mp_context=multiprocessing.get_context("fork")) as pool:
+                for files, unchanged in pool.map(_render_slice, slices):
+                    self.files.update(files)
+                    self.pages += len(files)
+                    self.unchanged += unchanged
+        finally:
+            _WORK = None
 
     def _board(
         self, category: str, label: str, first: str, stem: str, ranked: list[Entry], revoked: list[Entry],
@@ -712,7 +758,6 @@ class Site:
             history=history,
             revocation=revocation,
             notes=e.row.get("reasons") or [],
-            totals={c: len(boards[c][0]) for c, *_ in CATEGORIES},
             declared=sorted(
                 ((s.get("agent") or {}).get("declared") or {}).items(),
                 key=lambda kv: (kv[0] not in ("model", "effort"), kv[0] != "model", kv[0]),
@@ -860,6 +905,22 @@ class Site:
         self.write(MANIFEST, (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode())
 
 
+#: from this many submissions on, their pages are rendered by worker processes (Site.jobs)
+PARALLEL_FROM = 200
+#: what forked workers render: (site, entries, boards), set by Site._submissions around the fork
+_WORK: tuple[Site, list[Entry], dict[str, tuple[list[Entry], list[Entry]]]] | None = None
+
+
+def _render_slice(bounds: tuple[int, int]) -> tuple[dict[str, tuple[str, int]], int]:
+    """In a forked worker: render and write entries[start:stop]; their files and how many were unchanged."""
+    assert _WORK is not None, "a worker forked from Site._submissions"
+    site, entries, boards = _WORK
+    site.files, site.unchanged = {}, 0
+    for e in entries[bounds[0] : bounds[1]]:
+        site._submission(e, boards)
+    return site.files, site.unchanged
+
+
 _TEXT_COLUMNS = frozenset({"agent", "model", "effort"})
 
 
@@ -881,6 +942,23 @@ def _csv_cell(name: str, value: Any) -> str:
 # -- entry point ------------------------------------------------------------------------------
 
 
+def _previous(out: Path) -> tuple[Path, dict[str, tuple[str, int]]] | None:
+    """The previous export's folder and the files its manifest lists, or None (none, or unreadable:
+    then every file is written)."""
+    try:
+        doc = parse_json((out / MANIFEST).read_bytes(), what=MANIFEST, max_bytes=64 * 1024 * 1024)
+    except (OSError, ParseError):
+        return None
+    files = doc.get("files") if isinstance(doc, dict) else None
+    if not isinstance(files, dict):
+        return None
+    listed: dict[str, tuple[str, int]] = {}
+    for name, entry in files.items():
+        if isinstance(entry, dict) and isinstance(entry.get("sha256"), str) and type(entry.get("bytes")) is int:
+            listed[name] = (entry["sha256"], entry["bytes"])
+    return out, listed
+
+
 def export_site(
     database: Path,
     out: Path,
@@ -888,8 +966,14 @@ def export_site(
     docs_dir: Path | None = None,
     page_size: int = 100,
     top_n: int = 10,
+    jobs: int | None = None,
 ) -> ExportReport:
-    """Render the site for ``database`` into ``out`` (replacing a previous export there)."""
+    """Render the site for ``database`` into ``out`` (replacing a previous export there).
+
+    A file whose bytes the previous export's manifest lists unchanged is linked from it, not
+    rewritten (its inode and modification time stay), so an export after one new upload rewrites
+    only the pages that changed. ``jobs``: worker processes for the submission pages (default:
+    the CPUs this process may use, at most 8)."""
     if not database.is_file():
         raise ExportError(f"no database at {database}")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file())):
@@ -899,7 +983,9 @@ def export_site(
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
     try:
         stage.chmod(0o755)
-        report = Site(stage, docs_dir=docs_dir, page_size=page_size, top_n=top_n).build(rows)
+        workers = jobs if jobs is not None else max(1, min(8, len(os.sched_getaffinity(0))))
+        site = Site(stage, docs_dir=docs_dir, page_size=page_size, top_n=top_n, previous=_previous(out), jobs=workers)
+        report = site.build(rows)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
             os.replace(out, old)
