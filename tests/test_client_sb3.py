@@ -25,12 +25,17 @@ import grpc
 import gymnasium as gym
 import numpy as np
 import pytest
+from fuzzing import fuzz_settings
+from hypothesis import event, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 from sandbox_tools import missing
 
 from ale import catalog
 from ale.client import AleEnvClient, AleEnvError, RemoteEnv, RemoteVectorEnv
-from ale.client._remote import gym_spec
+from ale.client._remote import _action_array, gym_spec
 from ale.env.v1 import env_pb2 as pb
+from ale.protocol import decode_tensor, encode_tensor
 from ale_evaluator.envs import make_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -195,6 +200,60 @@ def test_remote_env_refuses_an_action_with_too_many_values(make_evaluator):
         env.step([0.1, 0.2])
     env.step(0.1)  # a scalar for a (1,) box is the same value
     env.close()
+
+
+_DTYPES = st.sampled_from(["f2", "f4", ">f4", "f8", "i1", "i8", "u8", "?", "c8", "U1"])
+_SPACES = st.one_of(
+    st.builds(lambda n, start: gym.spaces.Discrete(n, start=start), st.integers(1, 5), st.integers(-3, 3)),
+    st.lists(st.integers(1, 3), max_size=3).map(lambda shape: gym.spaces.Box(-1.0, 1.0, tuple(shape), np.float32)),
+)
+_ACTIONS = st.one_of(
+    hnp.arrays(_DTYPES, hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=4)),
+    st.lists(st.one_of(st.floats(), st.integers(-(2**70), 2**70), st.booleans()), max_size=6),
+    st.lists(st.lists(st.floats(-2, 2), max_size=3), max_size=4),
+    st.one_of(st.none(), st.text(max_size=4), st.floats(), st.integers(-(2**70), 2**70)),
+)
+
+
+def _fitting(space: gym.Space[Any], k: int) -> st.SearchStrategy[np.ndarray]:
+    """Arrays of the Step's shape [k, *shape] with axes of length one added or dropped."""
+    dims = [n for n in (k, *space.shape) if n != 1]
+    shapes = st.lists(st.booleans(), min_size=len(dims) + 1, max_size=len(dims) + 1).map(
+        lambda ones: (
+            tuple(x for i, n in enumerate(dims) for x in ([1] if ones[i] else []) + [n]) + ((1,) if ones[-1] else ())
+        )
+    )
+    return hnp.arrays(_DTYPES, shapes)
+
+
+@pytest.mark.fuzz
+@given(space=_SPACES, k=st.integers(1, 4), data=st.data())
+@fuzz_settings
+def test_fuzz_actions_are_refused_with_a_value_error_or_sent_unchanged_in_order(space, k, data):
+    """Whatever the agent passes: a ValueError, or the Step tensor [k, *shape] the wire takes, with
+    the same values in the same order (only axes of length one differ)."""
+    actions = data.draw(st.one_of(_ACTIONS, _fitting(space, k)))
+    try:
+        out = _action_array(space, actions, k)
+    except ValueError as exc:
+        refusal = str(exc)
+    else:
+        refusal = ""
+    event("refused" if refusal else "sent")
+    if refusal:
+        assert f"of {space}" in refusal
+        return
+    shape = (k, *space.shape)
+    assert out.shape == shape
+    arr = np.asarray(actions)
+    assert tuple(n for n in arr.shape if n != 1) == tuple(n for n in shape if n != 1)
+    assert decode_tensor(encode_tensor(out), shape=shape).tobytes() == out.astype(out.dtype.newbyteorder("=")).tobytes()
+    if isinstance(space, gym.spaces.Discrete):
+        assert out.dtype == np.int64
+        assert (out.ravel() == arr.ravel()).all()
+    else:
+        assert out.dtype in (np.float32, np.float64)
+        np.testing.assert_array_equal(out.ravel(), arr.ravel().astype(out.dtype))
 
 
 # --- SB3's checks --------------------------------------------------------------------------------------

@@ -117,19 +117,38 @@ def _action_array(space: gym.Space[Any], actions: Any, k: int) -> np.ndarray:
     other shape is refused rather than reshaped, so transposed or missing values are an error.
     """
     assert isinstance(space, gym.spaces.Box | gym.spaces.Discrete), "decode_space gives Box or Discrete"
-    arr = np.asarray(actions)
     copies = f"{k} cop{'y' if k == 1 else 'ies'}"
+    try:
+        arr = np.asarray(actions)
+    except (ValueError, TypeError, OverflowError) as exc:  # ragged nesting, unconvertible objects
+        raise ValueError(f"action for {copies} of {space}: not an array ({exc})") from None
     if arr.dtype.kind not in "biuf":
         raise ValueError(f"action for {copies} of {space}: numbers expected, got {arr.dtype} values")
     shape = (k, *(space.shape or ()))
     if _squeezed(arr.shape) != _squeezed(shape):
         raise ValueError(f"action of shape {arr.shape} for {copies} of {space}: the shape must be {shape}")
     if isinstance(space, gym.spaces.Discrete):
-        if arr.dtype.kind == "f" and not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
-            raise ValueError(f"action for {copies} of {space}: whole numbers expected, got {arr.reshape(k)}")
+        if not _whole(arr):
+            raise ValueError(f"action for {copies} of {space}: whole numbers expected, got {_some(arr)}")
         return arr.astype(np.int64).reshape(k)
-    dtype = arr.dtype if arr.dtype.kind == "f" else space.dtype
+    dtype = arr.dtype if arr.dtype in (np.float32, np.float64) else space.dtype  # the wire's float types
     return arr.astype(dtype, copy=False).reshape(shape)
+
+
+def _whole(arr: np.ndarray) -> bool:
+    """Whether every value is a whole number that int64 holds exactly (floats: up to 2**53)."""
+    if arr.dtype.kind == "f":
+        wide = arr.astype(np.float64)
+        return bool(np.isfinite(wide).all() and (wide == np.round(wide)).all() and (np.abs(wide) <= 2.0**53).all())
+    if arr.dtype.kind == "u" and arr.size:
+        return int(arr.max()) <= np.iinfo(np.int64).max
+    return True
+
+
+def _some(arr: np.ndarray) -> str:
+    """A few of ``arr``'s values for an error message, however large it is."""
+    flat = arr.ravel()
+    return np.array2string(flat[:8]) + (f" ... ({flat.size} values)" if flat.size > 8 else "")
 
 
 def gym_spec(message: pb.EnvSpec, target: str) -> EnvSpec:

@@ -49,7 +49,7 @@ class RemoteSB3VecEnv(VecEnv):
     underlying ``RemoteVectorEnv``, ``spec`` the task's gymnasium ``EnvSpec``.
     """
 
-    def __init__(self, target: str, num_envs: int, *, task_id: str = "", client: AleEnvClient | None = None) -> None:
+    def __init__(self, target: str, num_envs: int, *, client: AleEnvClient | None = None, task_id: str = "") -> None:
         self.remote = RemoteVectorEnv(target, num_envs, task_id=task_id, client=client)
         self.spec = self.remote.spec
         self._actions: Any = None
