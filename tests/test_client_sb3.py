@@ -442,12 +442,14 @@ def test_ppo_trains_through_remote_env_wrapped_by_sb3_itself(sb3, evaluator):
 
 
 class CuttingProxy:
-    """A Unix-socket relay to the evaluator that can drop the connection while a reply is on its way."""
+    """A Unix-socket relay to the evaluator that can drop the connection while a reply is on its way:
+    once ``cut`` is set, the first reply bytes after the next request bytes close both sides."""
 
     def __init__(self, upstream: str, folder: Path) -> None:
         self.upstream = upstream.removeprefix("unix:")
         self.path = folder / "proxy.sock"
         self.cut = threading.Event()
+        self._request_sent = threading.Event()  # a request went up after ``cut`` was set
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(self.path))
         self.listener.listen(4)
@@ -476,9 +478,11 @@ class CuttingProxy:
                 data = src.recv(65536)
             except OSError:
                 data = b""
-            if not data or (replies and self.cut.is_set()):
+            if not data or (replies and self._request_sent.is_set()):
                 self.close_connections()
                 return
+            if not replies and self.cut.is_set():
+                self._request_sent.set()
             try:
                 dst.sendall(data)
             except OSError:
