@@ -22,7 +22,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from ale.client._remote import AleEnvClient, RemoteVectorEnv
+from ale.client import AleEnvClient, RemoteVectorEnv
 
 try:
     from stable_baselines3.common.vec_env.base_vec_env import VecEnv, VecEnvIndices, VecEnvObs, VecEnvStepReturn
