@@ -32,6 +32,7 @@ CLIENT_MODULES = {
     "ale.client",
     "ale.client._remote",
     "ale.client._rpc",
+    "ale.client.sb3",
     "ale.core",
     "ale.core.parse",
     "ale.env",
@@ -130,6 +131,44 @@ def test_closure_follows_relative_and_nested_imports_but_not_type_checking_ones(
     modules, external = agent_env.ale_closure(["ale.a"])
     assert set(modules) == {"ale", "ale.a", "ale.a.b", "ale.a.c", "ale.d", "ale.shown"}
     assert external == {"numpy.linalg"}
+
+
+def test_closure_leaves_out_distributions_imported_only_under_except_import_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An import guarded by ``except ImportError`` (or ModuleNotFoundError, alone or in a tuple) is
+    optional: an ale module it names is still bundled, another distribution is not required."""
+    package = _fake_package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": """
+                import numpy
+                try:
+                    import torch.nn
+                    from ale import helper
+                except ImportError:
+                    torch = None
+                try:
+                    from stable_baselines3 import PPO
+                except (ValueError, ModuleNotFoundError):
+                    PPO = None
+                try:
+                    import required_one
+                except ValueError:
+                    pass
+                try:
+                    pass
+                except ImportError:
+                    import fallback_needed
+                """,
+            "helper.py": "import scipy\n",
+        },
+    )
+    monkeypatch.setattr(agent_env, "_package_root", lambda: package)
+    modules, external = agent_env.ale_closure(["ale.a"])
+    assert set(modules) == {"ale", "ale.a", "ale.helper"}
+    assert external == {"numpy", "scipy", "required_one", "fallback_needed"}
 
 
 @pytest.mark.parametrize("name", ["os", "ale.nonexistent", "alex.client", ""])

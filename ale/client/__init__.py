@@ -8,6 +8,10 @@ Importable inside the sandbox (it needs grpcio, numpy and gymnasium only)::
 
 An interactive-mode policy is handed an eval-session handle instead
 (``ALE_ENV_ID``) and attaches to it with ``RemoteEnv(target, env_id=handle)``.
+``env.spec`` is the task's gymnasium ``EnvSpec`` (its id and step limit as the
+evaluator reports them). Stable-Baselines3's ``VecEnv`` over K copies is
+``ale.client.sb3.RemoteSB3VecEnv``, a module of its own: ``import ale.client``
+never imports SB3 or PyTorch. docs/client.md describes it all.
 """
 
 from typing import TYPE_CHECKING, Any

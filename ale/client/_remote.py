@@ -7,6 +7,7 @@ from typing import Any
 import grpc
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
@@ -15,13 +16,61 @@ from ale.env.v1 import env_pb2 as pb
 from ale.protocol import decode_space, decode_tensor
 
 
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)
+
+
 def _action_array(space: gym.Space[Any], actions: Any, k: int) -> np.ndarray:
+    """``actions`` as the Step tensor ``[k, *action_shape]``, or ValueError saying why they do not fit.
+
+    The shape may differ from it only by axes of length one (``0.1`` for one copy of a ``(1,)``
+    box, ``(8, 1)`` for eight Discrete copies), which never changes which value goes where; any
+    other shape is refused rather than reshaped, so transposed or missing values are an error.
+    """
+    assert isinstance(space, gym.spaces.Box | gym.spaces.Discrete), "decode_space gives Box or Discrete"
+    copies = f"{k} cop{'y' if k == 1 else 'ies'}"
+    try:
+        arr = np.asarray(actions)
+    except (ValueError, TypeError, OverflowError) as exc:  # ragged nesting, unconvertible objects
+        raise ValueError(f"action for {copies} of {space}: not an array ({exc})") from None
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"action for {copies} of {space}: numbers expected, got {arr.dtype} values")
+    shape = (k, *(space.shape or ()))
+    if _squeezed(arr.shape) != _squeezed(shape):
+        raise ValueError(f"action of shape {arr.shape} for {copies} of {space}: the shape must be {shape}")
     if isinstance(space, gym.spaces.Discrete):
-        return np.asarray(actions, dtype=np.int64).reshape(k)
-    assert isinstance(space, gym.spaces.Box), "decode_space gives Box or Discrete"
-    arr = np.asarray(actions)
-    dtype = arr.dtype if arr.dtype.kind == "f" else space.dtype
-    return arr.astype(dtype, copy=False).reshape((k, *space.shape))
+        if not _whole(arr):
+            raise ValueError(f"action for {copies} of {space}: whole numbers expected, got {_some(arr)}")
+        return arr.astype(np.int64).reshape(k)
+    dtype = arr.dtype if arr.dtype in (np.float32, np.float64) else space.dtype  # the wire's float types
+    return arr.astype(dtype, copy=False).reshape(shape)
+
+
+def _whole(arr: np.ndarray) -> bool:
+    """Whether every value is a whole number that int64 holds exactly (floats: up to 2**53)."""
+    if arr.dtype.kind == "f":
+        wide = arr.astype(np.float64)
+        return bool(np.isfinite(wide).all() and (wide == np.round(wide)).all() and (np.abs(wide) <= 2.0**53).all())
+    if arr.dtype.kind == "u" and arr.size:
+        return int(arr.max()) <= np.iinfo(np.int64).max
+    return True
+
+
+def _some(arr: np.ndarray) -> str:
+    """A few of ``arr``'s values for an error message, however large it is."""
+    flat = arr.ravel()
+    return np.array2string(flat[:8]) + (f" ... ({flat.size} values)" if flat.size > 8 else "")
+
+
+def gym_spec(message: pb.EnvSpec, target: str) -> EnvSpec:
+    """The task as gymnasium's ``EnvSpec``: its id and step limit as the evaluator reports them
+    (0 steps, no limit, is ``None``); ``gymnasium.make(spec)`` creates a new copy on ``target``."""
+    return EnvSpec(
+        id=message.task_id,
+        entry_point="ale.client:RemoteEnv",
+        max_episode_steps=message.max_episode_steps or None,
+        kwargs={"target": target, "task_id": message.task_id},
+    )
 
 
 class RemoteEnv(gym.Env):
@@ -29,7 +78,8 @@ class RemoteEnv(gym.Env):
 
     Autoreset is disabled: after an episode ends, call :meth:`reset`. ``info``
     carries ``cost`` (safety events this step) and, inside an eval session,
-    ``eval`` (session progress).
+    ``eval`` (session progress). ``spec`` is the task's ``EnvSpec`` (:func:`gym_spec`);
+    ``spec_message`` the evaluator's whole description.
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 - gymnasium's convention
@@ -47,6 +97,7 @@ class RemoteEnv(gym.Env):
             raise ValueError(f"environment {env_id} has {spec.num_envs} copies; use RemoteVectorEnv")
         self.env_id = env_id
         self.spec_message = spec
+        self.spec = gym_spec(spec, self.client.target)
         self.observation_space = decode_space(spec.observation_space)
         self.action_space = decode_space(spec.action_space)
 
@@ -80,7 +131,8 @@ class RemoteVectorEnv(VectorEnv):
 
     ``infos["final_obs"]`` (masked by ``infos["_final_obs"]``) holds the last
     observation of copies whose episode ended in this step; their row of the
-    returned observation already starts the next episode.
+    returned observation already starts the next episode. ``spec`` is the task's
+    ``EnvSpec`` of one copy, as for :class:`RemoteEnv`.
     """
 
     metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}  # noqa: RUF012
@@ -90,6 +142,8 @@ class RemoteVectorEnv(VectorEnv):
         created = self.client.create_env(task_id=task_id, num_envs=num_envs, autoreset_mode=pb.AUTORESET_MODE_SAME_STEP)
         self.env_id = created.env_id
         self.num_envs = num_envs
+        self.spec_message = created.spec
+        self.spec = gym_spec(created.spec, self.client.target)
         self.single_observation_space = decode_space(created.spec.observation_space)
         self.single_action_space = decode_space(created.spec.action_space)
         self.observation_space = batch_space(self.single_observation_space, num_envs)

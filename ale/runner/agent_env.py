@@ -55,8 +55,9 @@ from ale.core.parse import ParseError, parse_json
 FORMAT = 1  # bump when the layout changes: a new digest, a new folder
 MOUNT_POINT = "/ale/python"
 PYTHON = f"{MOUNT_POINT}/bin/python3"
-#: The agent-facing library: the gym client, the wire codecs and the policy-artifact writer.
-CLIENT_MODULES = ("ale.client", "ale.protocol", "ale.policy")
+#: The agent-facing library: the gym client, the wire codecs and the policy-artifact writer, and the
+#: Stable-Baselines3 adapter (which works once the agent brings SB3: docs/agent-contract.md).
+CLIENT_MODULES = ("ale.client", "ale.protocol", "ale.policy", "ale.client.sb3")
 #: Host trees the sandbox binds read-only anyway (the system: shell, coreutils, the C library).
 SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 #: The project's own top-level packages: never visible to the agent except the modules above.
@@ -188,24 +189,40 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imports(tree: ast.Module, name: str, is_package: bool) -> Iterator[str]:
-    """The dotted names a module imports at run time (``if TYPE_CHECKING:`` bodies left out).
+_IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError"})
+
+
+def _guards_import(node: ast.AST) -> bool:
+    """Whether ``node`` is a ``try`` with a handler that names ImportError or ModuleNotFoundError."""
+    if not isinstance(node, ast.Try | ast.TryStar):
+        return False
+    names: list[ast.expr] = []
+    for handler in node.handlers:
+        kind = handler.type
+        names.extend(kind.elts if isinstance(kind, ast.Tuple) else [kind] if kind is not None else [])
+    return any(isinstance(n, ast.Name) and n.id in _IMPORT_ERRORS for n in names)
+
+
+def _imports(tree: ast.Module, name: str, is_package: bool) -> Iterator[tuple[str, bool]]:
+    """The dotted names a module imports at run time (``if TYPE_CHECKING:`` bodies left out), each
+    with whether it is optional: in the body of a ``try`` that catches ImportError.
 
     ``from a import b`` gives ``a`` and ``a.b`` (``b`` may be a submodule or an attribute).
     """
-    stack: list[ast.AST] = [tree]
+    stack: list[tuple[ast.AST, bool]] = [(tree, False)]
     while stack:
-        node = stack.pop()
+        node, optional = stack.pop()
         if isinstance(node, ast.If) and _is_type_checking(node.test):
-            stack.extend(node.orelse)
+            stack.extend((child, optional) for child in node.orelse)
             continue
         # Import statements sit in statement lists only: no need to visit expressions.
         for field in ("body", "orelse", "finalbody", "handlers", "cases"):
             block = getattr(node, field, None)
             if isinstance(block, list):
-                stack.extend(block)
+                guarded = optional or (field == "body" and _guards_import(node))
+                stack.extend((child, guarded) for child in block)
         if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
+            yield from ((alias.name, optional) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -213,13 +230,15 @@ def _imports(tree: ast.Module, name: str, is_package: bool) -> Iterator[str]:
                 for _ in range(node.level - 1):
                     package = package.rpartition(".")[0]
                 base = f"{package}.{base}" if base else package
-            yield base
-            yield from (f"{base}.{alias.name}" for alias in node.names if alias.name != "*")
+            yield base, optional
+            yield from ((f"{base}.{alias.name}", optional) for alias in node.names if alias.name != "*")
 
 
 def ale_closure(roots: Sequence[str]) -> tuple[dict[str, Path], set[str]]:
     """The ale modules ``roots`` reach by import statements (name -> source), and the other
-    non-standard-library names they import."""
+    non-standard-library names they import. An optional import (guarded by ``except ImportError``)
+    of another distribution is not one of them: the module works without it, so the environment
+    does not bring it (``ale.client.sb3`` and Stable-Baselines3)."""
     package = _package_root()
     modules: dict[str, Path] = {}
     external: set[str] = set()
@@ -232,18 +251,18 @@ def _walk_imports(package: Path, roots: Sequence[str], modules: dict[str, Path],
     for root in roots:
         if root.split(".")[0] != "ale" or _module_file(package, root) is None:
             raise AgentEnvError(f"{root!r} is not a module of the ale package")
-    todo = list(roots)
+    todo = [(root, False) for root in roots]
     while todo:
-        name = todo.pop()
+        name, optional = todo.pop()
         top = name.split(".")[0]
         if top != "ale":
-            if top and top not in sys.stdlib_module_names:
+            if top and top not in sys.stdlib_module_names and not optional:
                 external.add(name)
             continue
         if name in modules or (path := _module_file(package, name)) is None:
             continue  # seen, or an attribute (`from ale.x import Name`)
         modules[name] = path
-        todo.append(name.rpartition(".")[0])
+        todo.append((name.rpartition(".")[0], False))
         tree = ast.parse(path.read_bytes(), filename=str(path))
         todo.extend(_imports(tree, name, path.name == "__init__.py"))
 
