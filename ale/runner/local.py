@@ -136,8 +136,23 @@ def _signal_sandbox(pid: int, sig: int) -> None:
             os.killpg(pid, sig)
 
 
+class _Signals:
+    """Supervision's send_term and send_kill, to ``self.process`` alone (a trio.Process or a
+    subprocess.Popen: both have send_signal)."""
+
+    process: trio.Process | subprocess.Popen[bytes]
+
+    def send_term(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGTERM)
+
+    def send_kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGKILL)
+
+
 @attrs.define
-class _Child:
+class _Child(_Signals):
     """A child started by Trio as supervision's Killable: signals go to it alone."""
 
     process: trio.Process
@@ -148,14 +163,6 @@ class _Child:
 
     async def wait(self) -> int:
         return await self.process.wait()
-
-    def send_term(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            self.process.send_signal(signal.SIGTERM)
-
-    def send_kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            self.process.send_signal(signal.SIGKILL)
 
 
 @attrs.define
@@ -177,7 +184,7 @@ class _Sandbox(_Child):
 
 
 @attrs.define
-class _Popen:
+class _Popen(_Signals):
     """A child started with subprocess (a prestarted evaluator) as supervision's Killable; it is
     waited for through a pidfd, so the Trio loop never blocks on it."""
 
@@ -197,14 +204,6 @@ class _Popen:
         finally:
             os.close(pidfd)
         return status
-
-    def send_term(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            self.process.send_signal(signal.SIGTERM)
-
-    def send_kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            self.process.send_signal(signal.SIGKILL)
 
 
 @attrs.define
