@@ -322,6 +322,9 @@ def parse(raw: bytes, source: Path) -> Definition:
         doc = tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise DefinitionError(f"{source}: not a TOML file: {exc}") from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively; a definition nests three deep
+        raise DefinitionError(f"{source}: nested too deeply to be a definition") from None
     r = _Reader(doc, "", source)
     r.unknown({"format", "name", "description", "image", "debian", "python", "project", "files"})
     if r.get("format", int) != FORMAT:

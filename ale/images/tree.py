@@ -135,6 +135,7 @@ class Tree:
         self._put(path, Entry("symlink", 0o777, target=target), origin)
 
     def add_hardlink(self, path: str, target: str, origin: str = "") -> None:
+        """A second name for a file of this tree (its mode is the file's, set by :meth:`settle_hardlinks`)."""
         self._put(path, Entry("hardlink", 0, target=normalise(target)), origin)
 
     def remove(self, path: str) -> None:
@@ -158,7 +159,7 @@ class Tree:
             leader = members[0]
             self.entries[leader] = self.entries[target]
             for other in members[1:]:
-                self.entries[other] = Entry("hardlink", 0, target=leader)
+                self.entries[other] = Entry("hardlink", self.entries[leader].mode, target=leader)
 
     def sorted_paths(self) -> list[str]:
         return sorted(self.entries, key=_sort_key)
