@@ -65,10 +65,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
-    from ale.images.pin import PinError, pin
+    from ale.images.pin import PinError, pin, pin_env
     from ale.images.resolve import ResolveError
 
-    for defn in _selected(_source(args), args.images):
+    source = _source(args)
+    envs = {p.stem: p for p in sorted((source / "images" / "env").glob("*.toml"))}
+    images = [n for n in args.images if n not in envs]
+    chosen_envs = [n for n in args.images if n in envs] if args.images else list(envs)
+    for defn in _selected(source, images) if images or not args.images else []:
         try:
             text = pin(defn)
         except (PinError, ResolveError) as exc:
@@ -76,6 +80,15 @@ def cmd_pin(args: argparse.Namespace) -> int:
         new = definitions.parse(text.encode("utf-8"), defn.source)
         defn.source.write_text(text, encoding="utf-8")
         print(f"{defn.name}: {len(new.debian.packages)} Debian packages, {len(new.python.wheels)} wheels pinned")
+    for name in chosen_envs:
+        try:
+            env = definitions.load_env(envs[name])
+            text = pin_env(env)
+            pinned = definitions.parse_env(text.encode("utf-8"), env.source)
+        except (definitions.DefinitionError, PinError) as exc:
+            raise ImagesCliError(f"{name}: {exc}") from None
+        env.source.write_text(text, encoding="utf-8")
+        print(f"{name}: {len(pinned.python.wheels)} wheels pinned (environment)")
     return 0
 
 

@@ -15,6 +15,7 @@ inside a Nix build.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import tomllib
 from collections.abc import Mapping
@@ -312,19 +313,21 @@ def _env(r: _Reader) -> dict[str, str]:
     return env
 
 
-def parse(raw: bytes, source: Path) -> Definition:
-    """The definition in ``raw`` (the bytes of ``source``)."""
-    import hashlib
-
+def _toml(raw: bytes, source: Path) -> dict[str, Any]:
     if len(raw) > MAX_BYTES:
         raise DefinitionError(f"{source}: larger than {MAX_BYTES} bytes")
     try:
-        doc = tomllib.loads(raw.decode("utf-8"))
+        return tomllib.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise DefinitionError(f"{source}: not a TOML file: {exc}") from None
     except RecursionError:
         # tomllib parses nested arrays and inline tables recursively; a definition nests three deep
         raise DefinitionError(f"{source}: nested too deeply to be a definition") from None
+
+
+def parse(raw: bytes, source: Path) -> Definition:
+    """The definition in ``raw`` (the bytes of ``source``)."""
+    doc = _toml(raw, source)
     r = _Reader(doc, "", source)
     r.unknown({"format", "name", "description", "image", "debian", "python", "project", "files"})
     if r.get("format", int) != FORMAT:
@@ -353,6 +356,68 @@ def parse(raw: bytes, source: Path) -> Definition:
         folders=_folders(files),
         symlinks=_symlinks(files),
     )
+
+
+@dataclass(frozen=True)
+class SourcePackage:
+    """A distribution the Nix build compiles from its source release instead of using its wheel."""
+
+    name: str
+    version: str
+    url: str
+    sha256: str
+    cargo_lock: str  # a file beside the environment's definition: the release's Cargo.lock
+
+
+@dataclass(frozen=True)
+class Environment:
+    """A Python environment that is not an image: the ``ale`` package ``flake.nix`` builds
+    (``images/env/*.toml``): hash-pinned wheels for nixpkgs' interpreter, and the distributions
+    built from source instead."""
+
+    name: str
+    description: str
+    source: Path
+    python: Python
+    from_source: tuple[SourcePackage, ...]
+
+
+def _source_package(r: _Reader, name: str, folder: Path) -> SourcePackage:
+    r.unknown({"version", "url", "sha256", "cargo_lock"})
+    url, lock = r.text("url"), r.text("cargo_lock")
+    if not url.startswith("https://") or not url.endswith(".tar.gz"):
+        raise r.fail("url", f"{url!r} is not an https URL of a source release")
+    if "/" in lock or not (folder / lock).is_file():
+        raise r.fail("cargo_lock", f"{lock!r} is not a file beside {r.file.name}")
+    return SourcePackage(
+        name=name, version=r.text("version"), url=url, sha256=r.text("sha256", pattern=SHA256), cargo_lock=lock
+    )
+
+
+def parse_env(raw: bytes, source: Path) -> Environment:
+    """The environment definition in ``raw`` (the bytes of ``source``)."""
+    doc = _toml(raw, source)
+    r = _Reader(doc, "", source)
+    r.unknown({"format", "name", "description", "python", "from_source"})
+    if r.get("format", int) != FORMAT:
+        raise r.fail("format", f"this builder reads format {FORMAT}")
+    name = r.text("name", pattern=NAME)
+    if source.name != f"{name}.toml":
+        raise r.fail("name", f"{name!r} must be the file's name ({source.name})")
+    table = r.sub("from_source") if "from_source" in doc else _Reader({}, "from_source", source)
+    packages = tuple(_source_package(table.sub(k), k, source.parent) for k in sorted(table.table))
+    return Environment(
+        name=name, description=r.text("description"), source=source, python=_python(r.sub("python")),
+        from_source=packages,
+    )  # fmt: skip
+
+
+def load_env(path: Path) -> Environment:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DefinitionError(f"{path}: cannot read: {exc.strerror}") from None
+    return parse_env(raw, path)
 
 
 def load(path: Path) -> Definition:

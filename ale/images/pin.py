@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ale.core.parse import ParseError, parse_json
 from ale.images import resolve
-from ale.images.definition import Debian, Definition, Python, canonical_name
+from ale.images.definition import Debian, Definition, Environment, Python, canonical_name
 
 APT_LISTS = Path("/var/lib/apt/lists")
 APT_HELPER = "/usr/lib/apt/apt-helper"
@@ -182,6 +182,12 @@ def replace_block(text: str, key: str, block: str, what: str) -> str:
     if len(matches) != 1:
         raise PinError(f"{what}: needs exactly one `{key} = [` block ending in a line `]`, found {len(matches)}")
     return pattern.sub(lambda _m: block, text, count=1)
+
+
+def pin_env(env: Environment, *, constraints: Sequence[str] | None = None) -> str:
+    """The environment file's text with its wheels resolved afresh."""
+    rows = wheel_rows(pip_report(env.python, installed_constraints() if constraints is None else constraints))
+    return replace_block(env.source.read_text(encoding="utf-8"), "wheels", wheel_block(rows), str(env.source))
 
 
 def pin(defn: Definition, *, lists: Path = APT_LISTS, constraints: Sequence[str] | None = None) -> str:
