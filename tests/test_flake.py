@@ -31,10 +31,12 @@ from ale.images.attest import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 NIX_ENV = {"NIX_CONFIG": "experimental-features = nix-command flakes\nwarn-dirty = false"}
-FLAKE_REF = f"git+file://{ROOT}"
+FLAKE_REF = f"git+file://{ROOT}"  # the tracked files, as a Nix user's checkout gives them
 
 
 def _nix(*argv: str) -> subprocess.CompletedProcess[str]:
+    if not (ROOT / ".git").exists():
+        missing(f"{ROOT} is not a git checkout: Nix would copy the whole folder, .venv included")
     exe = shutil.which(argv[0])
     if exe is None:
         missing(f"{argv[0]} is not installed (apt-get install nix-bin)")
@@ -276,3 +278,16 @@ def test_verify_repro_script_is_valid_shell_with_help() -> None:
     r = subprocess.run([str(script), "--help"], capture_output=True, text=True)
     assert r.returncode == 0
     assert "nix build" in r.stdout
+
+
+def test_ci_installs_what_the_image_and_flake_tests_need() -> None:
+    """These tests must not skip in CI: .ci/run installs nix-bin, podman, skopeo and runc, points
+    CONTAINERS_CONF at a file that selects runc, and sets ALE_SITE_TOOLS_REQUIRED=1."""
+    ci = (ROOT / ".ci" / "run").read_text()
+    for pkg in ("nix-bin", "podman", "skopeo", "runc"):
+        assert re.search(rf"for pkg in .*\b{pkg}\b", ci), pkg
+    assert 'export CONTAINERS_CONF="$PWD/.ci/containers.conf"' in ci
+    assert "export ALE_SITE_TOOLS_REQUIRED=1" in ci
+    conf = tomllib.loads((ROOT / ".ci" / "containers.conf").read_text())
+    assert conf["engine"]["runtime"] == "runc"
+    assert conf["containers"]["default_ulimits"]
