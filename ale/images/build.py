@@ -190,7 +190,7 @@ def _write_layer(writer: layout.LayoutWriter, tree: Tree, store: Store, epoch: i
 def _fresh(out: Path) -> Path:
     """A new temporary folder beside ``out``, where the layout is written before it replaces ``out``."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists() and not (out / "oci-layout").is_file() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or (not (out / "oci-layout").is_file() and any(out.iterdir()))):
         raise BuildError(f"{out} exists and is not an OCI layout: not replacing it")
     return Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
 
