@@ -52,7 +52,7 @@ def test_a_missing_suite_index_says_what_to_do(tmp_path: Path) -> None:
     _checkout, path, _cache = mini_image(tmp_path)
     text = path.read_text().replace('suites = ["bookworm"]', 'suites = ["bookworm", "bookworm-security"]')
     d = definition.parse(text.encode(), path)
-    with pytest.raises(pin.PinError, match="bookworm-security .* apt-get update"):
+    with pytest.raises(pin.PinError, match=r"bookworm-security .* apt-get update"):
         pin.index_files(d.debian, _lists(tmp_path))
 
 
@@ -73,12 +73,14 @@ def test_resolved_packages_are_written_into_the_pinned_list_only(tmp_path: Path)
 
 
 def test_wheel_rows_come_from_pips_report_sorted_and_hash_pinned() -> None:
+    def item(name: str, version: str, file: str, sha: str) -> dict[str, object]:
+        info = {"url": f"https://files.example/{file}", "archive_info": {"hashes": {"sha256": sha}}}
+        return {"metadata": {"name": name, "version": version}, "download_info": info}
+
     report = [
-        {"metadata": {"name": "Zeta_Pkg", "version": "1"}, "download_info": {
-            "url": "https://files.example/zeta_pkg-1-py3-none-any.whl", "archive_info": {"hashes": {"sha256": "c" * 64}}}},
-        {"metadata": {"name": "alpha", "version": "2"}, "download_info": {
-            "url": "https://files.example/alpha-2-py3-none-any.whl", "archive_info": {"hashes": {"sha256": "d" * 64}}}},
-    ]  # fmt: skip
+        item("Zeta_Pkg", "1", "zeta_pkg-1-py3-none-any.whl", "c" * 64),
+        item("alpha", "2", "alpha-2.whl", "d" * 64),
+    ]
     rows = pin.wheel_rows(report)
     assert [r[0] for r in rows] == ["alpha", "zeta-pkg"]
     with pytest.raises(pin.PinError, match="not a hash-pinned https wheel"):
