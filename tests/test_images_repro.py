@@ -55,7 +55,14 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
 #: Paths the image must hold.
 REQUIRED: dict[str, tuple[str, ...]] = {
     "evaluator": (f"{SITE}/ale_evaluator/__main__.py", f"{SITE}/mujoco/__init__.py", "usr/bin/python3.11"),
-    "agent-base": (f"{SITE}/ale/client/__init__.py", "usr/bin/git", "usr/bin/gcc-12", "usr/bin/make", "usr/bin/cc"),
+    "agent-base": (
+        f"{SITE}/ale/client/__init__.py",
+        "usr/bin/git",
+        "usr/bin/gcc-12",
+        "usr/bin/make",
+        "usr/bin/cc",
+        "ale/python/bin/python3",
+    ),
 }
 
 
@@ -189,7 +196,7 @@ def test_agent_base_image_runs_by_digest_on_podman(
         "try:\n    import ale_evaluator\nexcept ImportError:\n    print('no evaluator')\n"
         "try:\n    import ale.runner\nexcept ImportError:\n    print('no harness')\n"
     )
-    r = _podman_run(podman_env, builds["agent-base"][0], "python3", "-c", code)
+    r = _podman_run(podman_env, builds["agent-base"][0], "/ale/python/bin/python3", "-c", code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["agent", "10002", "no", "evaluator", "no", "harness"]
 
