@@ -38,6 +38,7 @@
         debs = map (p: { name = p.name; sha256 = p.sha256; urls = debUrls d p; }) d.debian.packages;
         wheels = map (w: { name = w.name; sha256 = w.sha256; url = w.url; }) d.python.wheels;
         project = { files = d.project.files; rename = d.project.rename or { }; };
+        texts = (d.files or { }).text or { };
         snapshot_url = snapshotUrl;
       };
 

@@ -29,7 +29,8 @@ from ale.images.fetch import FetchError, default_cache
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-SITE = "usr/local/lib/python3.11/dist-packages"
+SITE = "usr/local/lib/python3.11/dist-packages"  # the evaluator's
+AGENT_SITE = "ale/python/lib/python3.11/site-packages"  # the agent contract's Python environment
 NAMES = ("agent-base", "evaluator")
 CONTAINERS_CONF = """\
 [containers]
@@ -43,20 +44,24 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "evaluator": tuple(
         f"{SITE}/{p}" for p in ("ale/runner", "ale/agents", "ale/releases", "ale/schemas", "ale_verify", "ale_site")
     ),
-    "agent-base": tuple(
-        f"{SITE}/{p}"
-        for p in (
-            "ale/runner", "ale/agents", "ale/releases", "ale/schemas", "ale/tasks", "ale/catalog.py",
-            "ale/core/release.py", "ale/core/scoring.py", "ale_evaluator", "ale_verify", "ale_site",
-            "mujoco", "glfw", "OpenGL",
-        )
+    "agent-base": (
+        f"{SITE}/",
+        *(
+            f"{AGENT_SITE}/{p}"
+            for p in (
+                "ale/runner", "ale/agents", "ale/releases", "ale/schemas", "ale/tasks", "ale/catalog.py",
+                "ale/core/release.py", "ale/core/scoring.py", "ale_evaluator", "ale_verify", "ale_site",
+                "mujoco", "glfw", "OpenGL",
+            )
+        ),
     ),
 }  # fmt: skip
 #: Paths the image must hold.
 REQUIRED: dict[str, tuple[str, ...]] = {
     "evaluator": (f"{SITE}/ale_evaluator/__main__.py", f"{SITE}/mujoco/__init__.py", "usr/bin/python3.11"),
     "agent-base": (
-        f"{SITE}/ale/client/__init__.py",
+        f"{AGENT_SITE}/ale/client/__init__.py",
+        "ale/python/pyvenv.cfg",
         "usr/bin/git",
         "usr/bin/gcc-12",
         "usr/bin/make",
@@ -120,7 +125,7 @@ def test_real_images_hold_nothing_forbidden(builds: dict[str, tuple[Built, Built
         assert not path.startswith(FORBIDDEN[name]), f"{name} holds {path}"
     for path in REQUIRED[name]:
         assert path in entries, f"{name} lacks {path}"
-    pycache = [p for p in entries if p.startswith(SITE) and "__pycache__" in p]
+    pycache = [p for p in entries if p.startswith((SITE, AGENT_SITE)) and "__pycache__" in p]
     assert not pycache, f"byte code is not reproducible, yet {name} holds {pycache[:3]}"
 
 
@@ -191,14 +196,14 @@ def test_agent_base_image_runs_by_digest_on_podman(
     builds: dict[str, tuple[Built, Built]], podman_env: dict[str, str]
 ) -> None:
     code = (
-        "import ale.client, getpass, os\n"
-        "print(getpass.getuser(), os.getuid())\n"
+        "import ale.client, getpass, os, sys\n"
+        "print(getpass.getuser(), os.getuid(), sys.prefix)\n"
         "try:\n    import ale_evaluator\nexcept ImportError:\n    print('no evaluator')\n"
         "try:\n    import ale.runner\nexcept ImportError:\n    print('no harness')\n"
     )
     r = _podman_run(podman_env, builds["agent-base"][0], "/ale/python/bin/python3", "-c", code)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["agent", "10002", "no", "evaluator", "no", "harness"]
+    assert r.stdout.split() == ["agent", "10002", "/ale/python", "no", "evaluator", "no", "harness"]
 
 
 def test_evaluator_image_runs_by_digest_on_podman(

@@ -46,6 +46,7 @@ def describe(defn: Definition) -> dict[str, Any]:
         "debs": [{"name": k.name, "sha256": k.sha256, "urls": deb_urls(d, k)} for k in d.packages],
         "wheels": [{"name": w.name, "sha256": w.sha256, "url": w.url} for w in p.wheels],
         "project": {"files": list(defn.project.files), "rename": dict(defn.project.rename)},
+        "texts": dict(defn.texts),
         "snapshot_url": SNAPSHOT_URL,
     }
 

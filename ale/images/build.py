@@ -174,6 +174,9 @@ def image_tree(defn: Definition, store: Store) -> Tree:
         tree.add_dir(folder.path, folder.mode, "files.folders")
     for path, target in sorted(defn.symlinks.items()):
         tree.add_symlink(path, target, "files.symlinks")
+    for path, text in sorted(defn.texts.items()):
+        sha, size = store.put_bytes(text.encode("utf-8"))
+        tree.add_file(path, sha, size, 0o644, "files.text")
     return tree
 
 

@@ -121,6 +121,7 @@ class Definition:
     project: Project
     folders: tuple[Folder, ...]
     symlinks: Mapping[str, str]  # absolute path -> target
+    texts: Mapping[str, str]  # absolute path -> the contents of a small file (mode 0644)
 
 
 # --- reading ------------------------------------------------------------------------------------
@@ -305,6 +306,13 @@ def _symlinks(r: _Reader) -> dict[str, str]:
     return links
 
 
+def _texts(r: _Reader) -> dict[str, str]:
+    texts = r.mapping("text", {})
+    for path in texts:
+        _absolute(r, f"text.{path}", path)
+    return texts
+
+
 def _env(r: _Reader) -> dict[str, str]:
     env = r.mapping("env", {})
     for key in env:
@@ -335,7 +343,7 @@ def parse(raw: bytes, source: Path) -> Definition:
     image = r.sub("image")
     image.unknown({"user", "entrypoint", "cmd", "workdir", "env", "labels"})
     files = r.sub("files") if "files" in doc else _Reader({}, "files", source)
-    files.unknown({"folders", "symlinks"})
+    files.unknown({"folders", "symlinks", "text"})
     name = r.text("name", pattern=NAME)
     if source.name != f"{name}.toml":
         raise r.fail("name", f"{name!r} must be the file's name ({source.name})")
@@ -355,6 +363,7 @@ def parse(raw: bytes, source: Path) -> Definition:
         project=_project(r.sub("project")),
         folders=_folders(files),
         symlinks=_symlinks(files),
+        texts=_texts(files),
     )
 
 
