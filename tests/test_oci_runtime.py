@@ -186,3 +186,35 @@ async def test_podman_sandbox_tmp_is_size_and_inode_limited(podman_runtime: Podm
     finally:
         box.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+async def test_podman_sandbox_runs_under_the_local_filters_rules(podman_runtime: PodmanRuntime) -> None:
+    """Not podman's default profile: netlink and raw sockets are refused (podman's allows them),
+    ptrace is EPERM, and the filter is installed (Seccomp: 2)."""
+    folder = Path(tempfile.mkdtemp(prefix="ale-oci-"))
+    box = Box(folder)
+    try:
+        code = (
+            "import ctypes, errno, json, socket\n"
+            "r = {'seccomp': [l.split()[1] for l in open('/proc/self/status') if l.startswith('Seccomp:')][0]}\n"
+            "for name, fam, kind in [('netlink', 16, socket.SOCK_RAW), ('packet', 17, socket.SOCK_RAW),\n"
+            "                        ('unix', socket.AF_UNIX, socket.SOCK_STREAM)]:\n"
+            "    try:\n"
+            "        socket.socket(fam, kind).close()\n"
+            "        r[name] = 'opened'\n"
+            "    except OSError as exc:\n"
+            "        r[name] = errno.errorcode[exc.errno]\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "r['ptrace'] = errno.errorcode.get(ctypes.get_errno(), 'ok') if libc.ptrace(0, 0, 0, 0) != 0 else 'ok'\n"
+            "print('REPORT ' + json.dumps(r), flush=True)\n"
+        )
+        lines = Lines()
+        result = await podman_runtime.run_sandboxed(box.spec(code), lines)
+        assert result.exit_status == 0, lines.lines
+        assert lines.report() == {
+            "seccomp": "2", "netlink": "EPERM", "packet": "EPERM", "unix": "opened", "ptrace": "EPERM"
+        }  # fmt: skip
+    finally:
+        box.close()
+        shutil.rmtree(folder, ignore_errors=True)

@@ -63,6 +63,9 @@ READY_TIMEOUT_S = 60.0
 AGENT_IMAGE = "agent-base"
 EVALUATOR_IMAGE = "evaluator"
 REPOSITORY = "localhost/ale"
+#: Root's own folder for what the engine reads from the harness (not /tmp: another user could
+#: plant a file there first).
+STATE_DIR = Path("/run/ale-oci")
 
 
 # --- the seccomp profile ------------------------------------------------------------------------
@@ -290,8 +293,7 @@ class PodmanRuntime:
         self._images_doc: dict[str, Any] = {}
         self._version = ""
         self._uid: uids.Claim | None = None
-        self._state = Path(tempfile.mkdtemp(prefix="ale-oci-"))
-        self._seccomp = self._state / "seccomp.json"
+        self._seccomp = STATE_DIR / "seccomp.json"  # named by its contents in check()
 
     # --- check and attestation ----------------------------------------------------------------
 
@@ -321,9 +323,7 @@ class PodmanRuntime:
             raise RuntimeUnavailable(f"the lock {self.lock} names no {' or '.join(sorted(missing))} image")
         for image in images.values():
             self._load(image)
-        arch = os.uname().machine
-        profile = seccomp_profile(arch, _known_syscalls())
-        self._seccomp.write_text(json.dumps(profile, sort_keys=True))
+        self._seccomp = _write_profile(seccomp_profile(os.uname().machine, _known_syscalls()))
         try:
             self._uid = uids.claim()
         except (uids.NoFreeUid, OSError) as exc:
@@ -452,6 +452,21 @@ class PodmanRuntime:
         return _SandboxContainer(
             process, self.engine, name, process.stdout, process.stderr, trio.lowlevel.FdStream(read_fd)
         )
+
+
+def _write_profile(profile: dict[str, Any]) -> Path:
+    """The profile in :data:`STATE_DIR`, named by its SHA-256 (written once, atomically)."""
+    raw = json.dumps(profile, sort_keys=True, separators=(",", ":")).encode()
+    STATE_DIR.mkdir(mode=0o700, exist_ok=True)
+    if STATE_DIR.stat().st_uid != os.geteuid() or STATE_DIR.stat().st_mode & 0o077:
+        raise RuntimeUnavailable(f"{STATE_DIR} is not this user's own private folder")
+    path = STATE_DIR / f"seccomp-{_sha256(raw)}.json"
+    if not path.is_file() or path.read_bytes() != raw:
+        fd, tmp = tempfile.mkstemp(dir=STATE_DIR)
+        with os.fdopen(fd, "wb") as out:
+            out.write(raw)
+        os.replace(tmp, path)
+    return path
 
 
 def _sha256(data: bytes) -> str:
