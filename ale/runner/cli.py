@@ -378,6 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(func=cmd_inspect)
+
+    from ale.images.cli import register as register_images
+
+    register_images(sub)
     return parser
 
 
