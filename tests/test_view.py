@@ -11,15 +11,12 @@ from __future__ import annotations
 import html
 import json
 import os
-import queue
 import re
 import signal
 import socket
 import stat
 import subprocess
 import sys
-import threading
-import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -536,45 +533,10 @@ def test_view_help_names_its_options() -> None:
 # -- --serve ---------------------------------------------------------------------------------------------
 
 
-class Served:
-    def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
-        self.proc, self.url = proc, url
-
-    @property
-    def port(self) -> int:
-        return int(self.url.rstrip("/").rsplit(":", 1)[1])
-
-
-def start_serving(*args: str) -> Served:
-    env = {k: v for k, v in os.environ.items() if k not in ("ALE_RECIPIENT", "CI")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ale.runner.cli", "view", *args, "--serve"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    lines: queue.Queue[str] = queue.Queue()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line.strip())
-
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            line = lines.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if line.startswith("http://"):
-            return Served(proc, line)
-    proc.kill()
-    raise AssertionError(f"ale view --serve printed no URL: {proc.communicate()[1]}")
-
-
 @pytest.fixture
-def served(base: vf.RealRun, tmp_path: Path) -> Iterator[tuple[Served, Path]]:
+def served(base: vf.RealRun, tmp_path: Path) -> Iterator[tuple[vf.Served, Path]]:
     out = tmp_path / "page.html"
-    serving = start_serving(str(base.bundle), "--identity", str(base.key), "--out", str(out))
+    serving = vf.start_serving(str(base.bundle), "--identity", str(base.key), "--out", str(out))
     try:
         yield serving, out
     finally:
@@ -604,7 +566,7 @@ def _listening_addresses(port: int) -> set[str]:
     return found
 
 
-def test_serve_binds_to_loopback_serves_the_written_page_and_stops_on_ctrl_c(served: tuple[Served, Path]) -> None:
+def test_serve_binds_to_loopback_serves_the_written_page_and_stops_on_ctrl_c(served: tuple[vf.Served, Path]) -> None:
     serving, out = served
     assert serving.url.startswith("http://127.0.0.1:")
     assert _listening_addresses(serving.port) == {"0100007F"}  # 127.0.0.1 only, no IPv6, no 0.0.0.0
@@ -626,14 +588,14 @@ def test_serve_binds_to_loopback_serves_the_written_page_and_stops_on_ctrl_c(ser
         pass
 
 
-def test_serve_refuses_another_host_name(served: tuple[Served, Path]) -> None:
+def test_serve_refuses_another_host_name(served: tuple[vf.Served, Path]) -> None:
     """A page of another site that rebinds its name to 127.0.0.1 cannot read the view."""
     serving, _ = served
     assert _get(serving.url, host=f"attacker.example:{serving.port}")[0] == 421
     assert _get(serving.url, host=f"localhost:{serving.port}")[0] == 200
 
 
-def test_serve_stops_on_sigterm_too(served: tuple[Served, Path]) -> None:
+def test_serve_stops_on_sigterm_too(served: tuple[vf.Served, Path]) -> None:
     serving, _ = served
     serving.proc.send_signal(signal.SIGTERM)
     serving.proc.communicate(timeout=15)
@@ -643,7 +605,7 @@ def test_serve_stops_on_sigterm_too(served: tuple[Served, Path]) -> None:
 def test_serve_without_out_writes_no_file(base: vf.RealRun, tmp_path: Path) -> None:
     bundle = tmp_path / "run.ale"
     bundle.write_bytes(base.bundle.read_bytes())
-    serving = start_serving(str(bundle), "--identity", str(base.key))
+    serving = vf.start_serving(str(bundle), "--identity", str(base.key))
     try:
         assert _get(serving.url)[0] == 200
     finally:

@@ -14,8 +14,11 @@ import datetime as dt
 import hashlib
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -209,7 +212,7 @@ def hostile() -> list[Extra]:
         out.append(("untrusted_agent", "shell_command", {"command": s, "exit_status": s}))
         out.append(("untrusted_agent", "note", {"text": s, s: s}))
         out.append(("untrusted_agent", "api_usage", {"model": s, "input_tokens": s, "output_tokens": 1}))
-    out.append(("untrusted_agent", "stdout", {"text": "A" * (64 * 1024 - 16) + "<script>window.__ale_pwned=10"}))
+    out.append(("untrusted_agent", "stdout", {"text": "A" * (64 * 1024 - 64) + "<script>window.__ale_pwned=10"}))
     out.append(("untrusted_agent", "note", {"deep": _nested(61)}))
     return out
 
@@ -246,3 +249,41 @@ def chained(events: Iterable[Extra]) -> list[dict[str, Any]]:
             chain.append(producer, kind, data, wall_time=1_764_476_918.0 + n * 0.25, monotonic=clock[producer])[0]
         )
     return out
+
+
+# -- ale view --serve ---------------------------------------------------------------------------
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[str], url: str) -> None:
+        self.proc, self.url = proc, url
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rstrip("/").rsplit(":", 1)[1])
+
+
+def start_serving(*args: str) -> Served:
+    env = {k: v for k, v in os.environ.items() if k not in ("ALE_RECIPIENT", "CI")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ale.runner.cli", "view", *args, "--serve"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.strip())
+
+    threading.Thread(target=read, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            line = lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if line.startswith("http://"):
+            return Served(proc, line)
+    proc.kill()
+    raise AssertionError(f"ale view --serve printed no URL: {proc.communicate()[1]}")

@@ -54,6 +54,21 @@
     };
   }
 
+  /* A search box: apply(query) when typing pauses, or at once on Enter; never twice for one query
+     (a search that ran on Enter does not run again when the pause comes, which would redraw the list). */
+  function searchBox(input, apply) {
+    var last = input.value.trim().toLowerCase();
+    function run() {
+      var q = input.value.trim().toLowerCase();
+      if (q === last) return;
+      last = q;
+      apply(q);
+    }
+    input.addEventListener("input", debounce(run, 150));
+    input.addEventListener("keydown", function (e) { if (e.key === "Enter") run(); });
+    return function reset() { input.value = ""; last = ""; };
+  }
+
   /* A text in a <pre>: the first COLLAPSED_LINES lines (or COLLAPSED_CHARS characters) and a button
      that shows the rest. */
   function collapsible(parent, text, what) {
@@ -188,6 +203,7 @@
   }
 
   var tlFilter = { producers: {}, kind: -1, phase: -1, task: -2, query: "", order: "time" };
+  var resetFind = function () {};
   var producerBoxes = Array.prototype.slice.call(document.querySelectorAll("input.tl-producer"));
   producerBoxes.forEach(function (box) { tlFilter.producers[box.value] = box.checked; });
 
@@ -283,9 +299,7 @@
     phase.addEventListener("change", function () { tlFilter.phase = parseInt(phase.value, 10); timeline.refresh(); });
     task.addEventListener("change", function () { tlFilter.task = parseInt(task.value, 10); timeline.refresh(); });
     order.addEventListener("change", function () { tlFilter.order = order.value; timeline.refresh(); });
-    var search = debounce(function () { tlFilter.query = find.value.trim().toLowerCase(); timeline.refresh(); }, 150);
-    find.addEventListener("input", search);
-    find.addEventListener("keydown", function (e) { if (e.key === "Enter") { tlFilter.query = find.value.trim().toLowerCase(); timeline.refresh(); } });
+    resetFind = searchBox(find, function (q) { tlFilter.query = q; timeline.refresh(); });
   }
 
   function mark(row) {
@@ -309,7 +323,7 @@
     producerBoxes.forEach(function (box) { box.checked = true; tlFilter.producers[box.value] = true; });
     ["tl-kind", "tl-phase"].forEach(function (id) { document.getElementById(id).value = "-1"; });
     document.getElementById("tl-task").value = "-2";
-    document.getElementById("tl-find").value = "";
+    resetFind();
     tlFilter.kind = tlFilter.phase = -1;
     tlFilter.task = -2;
     tlFilter.query = "";
@@ -428,10 +442,10 @@
     return entryLowered[k];
   }
 
-  var trFind = document.getElementById("tr-find");
+  var trQuery = "";
 
   function transcriptItems() {
-    var q = trFind.value.trim().toLowerCase();
+    var q = trQuery;
     var out = [];
     for (var k = 0; k < entryCount; k++) if (!q || entryHaystack(k).indexOf(q) >= 0) out.push(k);
     return out;
@@ -471,7 +485,7 @@
     filter: transcriptItems,
     render: transcriptEntry,
   });
-  trFind.addEventListener("input", debounce(function () { transcript.refresh(); }, 150));
+  searchBox(document.getElementById("tr-find"), function (q) { trQuery = q; transcript.refresh(); });
 
   // -- the gateway's calls ----------------------------------------------------------------------
 
@@ -479,9 +493,11 @@
   var llmTable = document.getElementById("llm-table");
   var llm = null;
 
+  var llmQuery = "";
+
   function llmItems() {
     var decision = document.getElementById("llm-decision").value;
-    var q = document.getElementById("llm-find").value.trim().toLowerCase();
+    var q = llmQuery;
     var out = [];
     calls.forEach(function (c, k) {
       if (decision && c.decision !== decision) return;
@@ -531,7 +547,7 @@
       render: llmRow,
     });
     document.getElementById("llm-decision").addEventListener("change", function () { llm.refresh(); });
-    document.getElementById("llm-find").addEventListener("input", debounce(function () { llm.refresh(); }, 150));
+    searchBox(document.getElementById("llm-find"), function (q) { llmQuery = q; llm.refresh(); });
   }
 
   // -- start ------------------------------------------------------------------------------------
