@@ -595,7 +595,9 @@ def test_serve_refuses_another_host_name(served: tuple[vf.Served, Path]) -> None
     assert _get(serving.url, host=f"localhost:{serving.port}")[0] == 200
 
 
-def test_serve_stops_on_sigterm_too(served: tuple[vf.Served, Path]) -> None:
+def test_serve_sigterm_right_after_the_url_stops_cleanly(served: tuple[vf.Served, Path]) -> None:
+    """The URL was printed before the SIGTERM handler was in place: a SIGTERM just after it killed
+    the server (status -15) instead of stopping it."""
     serving, _ = served
     serving.proc.send_signal(signal.SIGTERM)
     serving.proc.communicate(timeout=15)

@@ -295,6 +295,19 @@ def test_an_events_data_opens_and_closes(browser: Any, pages: Pages) -> None:
     assert browser.find_elements("css selector", "#tl-table tr.detail") == []
 
 
+def test_search_on_enter_is_not_redrawn_when_typing_pauses(browser: Any, pages: Pages) -> None:
+    """Enter searched at once and then the pause in typing searched again, redrawing the list and
+    closing the event the user had opened meanwhile."""
+    _open(browser, pages.ordinary)
+    _set_find(browser, "tl-find", 'train.py --seed 12"')
+    _wait_count(browser, "tl-count", 1)
+    button = browser.find_element("css selector", "#tl-table button.open")
+    _click(browser, button)
+    _js(browser, "return new Promise(done => setTimeout(done, 400))")  # past the pause (150 ms)
+    assert button.get_attribute("aria-expanded") == "true"
+    assert len(browser.find_elements("css selector", "#tl-table tr.detail")) == 1
+
+
 def test_a_long_output_is_collapsed_until_asked(browser: Any, pages: Pages) -> None:
     _open(browser, pages.ordinary)
     _set_find(browser, "tr-find", "plan 4:")
