@@ -378,6 +378,15 @@ def build_parser() -> argparse.ArgumentParser:
     runner_key.add_argument("path", help="where to write the private key (PEM, mode 0600)")
     runner_key.set_defaults(func=cmd_runner_key)
 
+    view = sub.add_parser("view", help="check a bundle as inspect does and write (or serve) its run as one HTML page")
+    view.add_argument("bundle", help="the .ale bundle")
+    view.add_argument("--identity", required=True, help="age identity file (AGE-SECRET-KEY-1...)")
+    view.add_argument("--out", help="the HTML file to write (default: the bundle's name with .html; none with --serve)")
+    view.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 until Ctrl-C")
+    view.add_argument("--port", type=int, default=0, help="the port for --serve (default 0: any free port)")
+    view.add_argument("--runner-public-key", action="append", default=[], metavar="BASE64", help="as for inspect")
+    view.set_defaults(func=cmd_view)
+
     inspect = sub.add_parser("inspect", help="decrypt a bundle, run the site's checks offline, show what it holds")
     inspect.add_argument("bundle", help="the .ale bundle")
     inspect.add_argument("--identity", required=True, help="age identity file (AGE-SECRET-KEY-1...)")
@@ -391,15 +400,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(func=cmd_inspect)
-
-    view = sub.add_parser("view", help="check a bundle as inspect does and write (or serve) its run as one HTML page")
-    view.add_argument("bundle", help="the .ale bundle")
-    view.add_argument("--identity", required=True, help="age identity file (AGE-SECRET-KEY-1...)")
-    view.add_argument("--out", help="the HTML file to write (default: the bundle's name with .html; none with --serve)")
-    view.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 until Ctrl-C")
-    view.add_argument("--port", type=int, default=0, help="the port for --serve (default 0: any free port)")
-    view.add_argument("--runner-public-key", action="append", default=[], metavar="BASE64", help="as for inspect")
-    view.set_defaults(func=cmd_view)
     return parser
 
 
