@@ -340,6 +340,23 @@ def test_llm_calls_of_a_view_come_from_the_gateways_llm_request_events(
     assert grown_view.llm_totals.calls == 0
 
 
+def test_gateway_events_in_a_checked_bundle(base: vf.RealRun, tmp_path: Path) -> None:
+    """Once the grammar has the gateway's kinds (docs/gateway.md), a bundle holding them passes the
+    checks and its calls are on the page."""
+    if "llm_request" not in grammar.KINDS["trusted_network_proxy"]:
+        pytest.skip("this tree's grammar has no gateway events yet (docs/formats.md, the grammar)")
+    started = {"upstreams": [{"name": "openai", "api": "openai", "host": "api.openai.com"}], "policy": "open",
+               "budgets": {"requests": None, "input_tokens": None, "output_tokens": None}}  # fmt: skip
+    extra = [("trusted_network_proxy", "gateway_started", started), *vf.gateway_events(6)]
+    bundle = vf.write_bundle(base, vf.Grower(base.files()).build(extra), tmp_path / "gateway.ale")
+    model = view.view_of(view.load(bundle, base.key))
+    assert [c.request_id for c in model.llm] == [f"gw-{i}" for i in range(1, 7)]
+    assert (model.llm_totals.calls, model.llm_totals.denied) == (6, 1)
+    assert sum(1 for e in model.transcript if model.timeline.kinds[model.timeline.kind[e.event]] == "llm_request") == 6
+    page = view.render(model, source=bundle.name)
+    assert 'id="llm-table"' in page
+
+
 # -- a real bundle ---------------------------------------------------------------------------------------
 
 
