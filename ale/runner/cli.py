@@ -1,4 +1,4 @@
-"""``ale``: list tasks, run them with an agent, inspect a bundle."""
+"""``ale``: list tasks, run them with an agent, inspect or view a bundle."""
 
 from __future__ import annotations
 
@@ -315,6 +315,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return inspect_bundle(Path(args.bundle), Path(args.identity), as_json=args.json, runner_keys=args.runner_public_key)
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    from ale.runner.view import ViewError, view_command
+
+    out = Path(args.out) if args.out else None
+    try:
+        return view_command(
+            Path(args.bundle), Path(args.identity), out=out, serve_it=args.serve, port=args.port,
+            runner_keys=args.runner_public_key,
+        )  # fmt: skip
+    except ViewError as exc:
+        raise CliError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ale", description="ALE Robotics: run tasks, inspect bundles.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -364,6 +377,15 @@ def build_parser() -> argparse.ArgumentParser:
     runner_key = sub.add_parser("runner-key", help="make an Ed25519 key for a registered runner")
     runner_key.add_argument("path", help="where to write the private key (PEM, mode 0600)")
     runner_key.set_defaults(func=cmd_runner_key)
+
+    view = sub.add_parser("view", help="check a bundle as inspect does and write (or serve) its run as one HTML page")
+    view.add_argument("bundle", help="the .ale bundle")
+    view.add_argument("--identity", required=True, help="age identity file (AGE-SECRET-KEY-1...)")
+    view.add_argument("--out", help="the HTML file to write (default: the bundle's name with .html; none with --serve)")
+    view.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 until Ctrl-C")
+    view.add_argument("--port", type=int, default=0, help="the port for --serve (default 0: any free port)")
+    view.add_argument("--runner-public-key", action="append", default=[], metavar="BASE64", help="as for inspect")
+    view.set_defaults(func=cmd_view)
 
     inspect = sub.add_parser("inspect", help="decrypt a bundle, run the site's checks offline, show what it holds")
     inspect.add_argument("bundle", help="the .ale bundle")
