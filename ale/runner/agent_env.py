@@ -55,8 +55,9 @@ from ale.core.parse import ParseError, parse_json
 FORMAT = 1  # bump when the layout changes: a new digest, a new folder
 MOUNT_POINT = "/ale/python"
 PYTHON = f"{MOUNT_POINT}/bin/python3"
-#: The agent-facing library: the gym client, the wire codecs and the policy-artifact writer.
-CLIENT_MODULES = ("ale.client", "ale.protocol", "ale.policy")
+#: The agent-facing library: the gym client, the wire codecs, the policy-artifact writer, and the
+#: relay to the gateway socket that a runtime starts before the command (``ale._relay``).
+CLIENT_MODULES = ("ale.client", "ale.protocol", "ale.policy", "ale._relay")
 #: Host trees the sandbox binds read-only anyway (the system: shell, coreutils, the C library).
 SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 #: The project's own top-level packages: never visible to the agent except the modules above.

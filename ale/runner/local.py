@@ -179,7 +179,7 @@ class LocalRuntime:
     """Evaluator as a child process; the agent under bubblewrap."""
 
     name = "local"
-    networks = frozenset({Network.NONE})
+    networks = frozenset({Network.NONE, Network.GATEWAY})
 
     def __init__(self) -> None:
         self._sandbox_kind: str | None = None
@@ -279,7 +279,9 @@ class LocalRuntime:
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
         if spec.network not in self.networks:
-            raise SandboxError(f"the local runtime has no {spec.network.value!r} network attachment (only 'none')")
+            raise SandboxError(f"the local runtime has no {spec.network.value!r} network attachment")
+        if spec.gateway_socket is not None and not await trio.Path(spec.gateway_socket).is_socket():
+            raise SandboxError(f"the gateway socket {spec.gateway_socket} is not there")
         if spec.agent_env is None:  # the client library alone
             try:
                 spec = attrs.evolve(spec, agent_env=await trio.to_thread.run_sync(agent_env.ensure))
