@@ -185,6 +185,14 @@ class Relay:
 
 
 def _exists(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie (ended, not yet waited for) does not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rpartition(b")")[2].split()[:1] not in ([b"Z"], [b"X"], [])
+    except FileNotFoundError:
+        return not os.path.isdir("/proc/self")  # no such process, unless there is no /proc at all
+    except OSError:
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
