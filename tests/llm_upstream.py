@@ -9,9 +9,16 @@ Use from sync or async tests (the server runs in threads of its own)::
 
     with serve_upstream(script=[Turn(text="hi"), Turn(tool_calls=[ToolCall("ls", {"path": "."})])]) as up:
         ...                 # each API request gets the next scripted turn; past the end: 500 "script exhausted"
+        up.push(Turn(...))  # more turns (without a script: served before falling back to the echo)
 
     with serve_upstream(tls=True, api_key="sk-real") as up:   # https with a throwaway CA (up.ca_file);
         ...                 # the key is required (Bearer or x-api-key), anything else gets 401
+
+    with serve_upstream(by_model={"slow": Turn(chunk_delay=1, text="...")}) as up:
+        ...                 # a request for model "slow" always gets that turn (before the script)
+
+``python tests/llm_upstream.py --by-model JSON`` serves in a process of its own (a benchmark's
+upstream), prints its URL on one line and runs until killed (``JSON``: model -> Turn fields).
 
 Routes (real paths; the OpenAI base is ``/v1``, the Anthropic base the root): ``POST /v1/chat/completions``,
 ``POST /v1/responses``, ``POST /v1/messages``, ``POST /v1/messages/count_tokens``, ``GET /v1/models``,
@@ -68,6 +75,8 @@ def tokens(text: str) -> int:
 
 @dataclass(frozen=True)
 class Usage:
+    """Token counts; ``input_tokens`` counts every prompt token, the cached ones included."""
+
     input_tokens: int
     output_tokens: int
     cached_input_tokens: int = 0
@@ -126,6 +135,8 @@ class Upstream:
     requests: list[Request]
     script: list[Turn]
     default: Turn | None
+    scripted: bool
+    by_model: dict[str, Turn]
     api_key: str | None
     _stop: threading.Event
     _lock: threading.Lock
@@ -172,6 +183,7 @@ def serve_upstream(
     default: Turn | None = None,
     tls: bool = False,
     api_key: str | None = None,
+    by_model: dict[str, Turn] | None = None,
 ) -> Iterator[Upstream]:
     """Serve the test upstream on 127.0.0.1 (a free port) until the block ends.
 
@@ -179,10 +191,11 @@ def serve_upstream(
     a script every request gets ``default``, or an echo of its last user message.
     """
     stop, lock = threading.Event(), threading.Lock()
-    up = Upstream("", None, [], list(script or ()), default, api_key, stop, lock)
-    echo = script is None and default is None
+    up = Upstream(
+        "", None, [], list(script or ()), default, script is not None, dict(by_model or {}), api_key, stop, lock
+    )
     server = _Server(("127.0.0.1", 0), _Handler)
-    server.upstream, server.echo = up, echo
+    server.upstream = up
     with tempfile.TemporaryDirectory(prefix="ale-upstream-") as folder:
         scheme = "http"
         if tls:
@@ -205,7 +218,6 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024
     upstream: Upstream
-    echo: bool
 
     def handle_error(self, request: Any, client_address: Any) -> None:  # a dropped TLS handshake, ...
         pass
@@ -289,9 +301,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._respond(route, request, turn)
 
     def _turn(self, body: dict[str, Any]) -> Turn | None:
-        if self.server.echo:
+        up = self.server.upstream
+        model = body.get("model")
+        if isinstance(model, str) and model in up.by_model:
+            return up.by_model[model]
+        turn = up._next_turn()
+        if turn is None and not up.scripted:
             return Turn(text=f"echo: {_last_user_text(body)}"[:400])
-        return self.server.upstream._next_turn()
+        return turn
 
     def _respond(self, route: str, request: Request, turn: Turn) -> None:
         if turn.delay and self.server.upstream._stop.wait(turn.delay):
@@ -605,8 +622,10 @@ def _responses_events(reply: _Reply, body: dict[str, Any]) -> Iterator[tuple[str
 
 
 def _messages_usage(usage: Usage) -> dict[str, Any]:
+    """Anthropic's ``input_tokens`` leaves out the tokens read from the cache (``Usage.input_tokens``
+    counts every prompt token, as OpenAI's do)."""
     return {
-        "input_tokens": usage.input_tokens,
+        "input_tokens": usage.input_tokens - usage.cached_input_tokens,
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": usage.cached_input_tokens,
         "output_tokens": usage.output_tokens,
@@ -731,3 +750,15 @@ def _tls_context(folder: Path) -> tuple[str, ssl.SSLContext]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert_file, key_file)
     return str(ca_file), context
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="serve the test upstream until killed")
+    parser.add_argument("--by-model", default="{}", help="JSON: model name -> Turn fields")
+    args = parser.parse_args()
+    turns = {name: Turn(**fields) for name, fields in json.loads(args.by_model).items()}
+    with serve_upstream(by_model=turns) as served:
+        print(served.url, flush=True)
+        threading.Event().wait()
