@@ -244,9 +244,10 @@ class Gateway:
         status = "" if self.alive() else f"(exit status {self.process.returncode})\n"
         return status + self.redact("\n".join(self.stderr_lines))
 
-    async def set_policy(self, policy: str) -> None:
-        """Open or close the gateway (``POST /policy``); GatewayError when it does not answer 200."""
-        body = json.dumps({"policy": policy}).encode()
+    async def set_policy(self, policy: str, phase: str | None = None) -> None:
+        """Open or close the gateway (``POST /policy``, naming the phase it is for); GatewayError
+        when it does not answer 200."""
+        body = json.dumps({"policy": policy, "phase": phase}).encode()
         try:
             with trio.fail_after(CONTROL_TIMEOUT_S):
                 status, answer = await _request(self.spec.control_socket, "POST", "/policy", body)
@@ -286,6 +287,14 @@ def _environment(upstreams: Sequence[Upstream]) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in named and v not in keys and not k.endswith("_API_KEY")}
 
 
+def gateway_argv(spec: GatewaySpec, config_fd: int) -> list[str]:
+    """The gateway's command line (docs/gateway.md, "The process"): paths and a descriptor, no secret."""
+    return [
+        sys.executable, "-m", "ale.gateway", "serve", "--agent-socket", str(spec.agent_socket),
+        "--control-socket", str(spec.control_socket), "--config-fd", str(config_fd), "--events", str(spec.events_path),
+    ]  # fmt: skip
+
+
 @asynccontextmanager
 async def open_gateway(spec: GatewaySpec) -> AsyncIterator[Gateway]:
     """Start the gateway; enter once it is ready; stop it (SIGTERM, then SIGKILL) on exit."""
@@ -297,10 +306,7 @@ async def open_gateway(spec: GatewaySpec) -> AsyncIterator[Gateway]:
         os.write(write_fd, config)
     finally:
         os.close(write_fd)
-    argv = [
-        sys.executable, "-m", "ale.gateway", "serve", "--agent-socket", str(spec.agent_socket),
-        "--control-socket", str(spec.control_socket), "--config-fd", str(read_fd), "--events", str(spec.events_path),
-    ]  # fmt: skip
+    argv = gateway_argv(spec, read_fd)
     try:
         process = await trio.lowlevel.open_process(
             argv,

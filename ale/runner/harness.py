@@ -247,8 +247,8 @@ def _channel_event(line: bytes) -> tuple[str, dict[str, Any]] | str:
     return kind, data
 
 
-def _prepare_dirs(root: Path, task: catalog.Task, gateway: bool = False) -> tuple[Path, Path, Path]:
-    """(task files, workspace, agent socket folder) for one task."""
+def _prepare_dirs(root: Path, task: catalog.Task, gateway: bool = False) -> tuple[Path, Path]:
+    """(task files, workspace) for one task, and the folder of its evaluator's agent socket."""
     task_dir = root / "tasks" / task.spec.id
     task_dir.mkdir(parents=True)
     (task_dir / "paper.md").write_text(task.paper, encoding="utf-8")
@@ -258,14 +258,14 @@ def _prepare_dirs(root: Path, task: catalog.Task, gateway: bool = False) -> tupl
         p.chmod(0o755 if p.is_dir() else 0o644)
     workspace = root / "workspace" / task.spec.id
     workspace.mkdir(parents=True)
-    sockets = root / "agent-sockets" / task.spec.id
+    sockets = evaluator_sockets(root, task.spec.id)[0].parent
     sockets.mkdir(parents=True)
     sockets.chmod(0o755)
     if os.geteuid() == 0:
         os.chown(workspace, SANDBOX_UID, SANDBOX_UID)
     for p in (root / "tasks", root / "workspace", root / "agent-sockets"):
         p.chmod(0o755)
-    return task_dir, workspace, sockets
+    return task_dir, workspace
 
 
 def _public_task_json(task: catalog.Task) -> dict[str, Any]:
@@ -286,6 +286,32 @@ async def _left_policy(path: Path, what: str, outcome: TaskOutcome, *, executabl
         outcome.reason = f"{shown} is not {'an executable' if executable else 'a'} regular file"
         return None
     return info
+
+
+#: The longest path a Unix socket can be bound at (sun_path holds 108 bytes with its NUL).
+MAX_SOCKET_PATH = 107
+
+
+def evaluator_sockets(root: Path, task_id: str) -> tuple[Path, Path]:
+    """A task's evaluator endpoints: (the agent's, in a folder the sandbox binds it from; the harness's)."""
+    return root / "agent-sockets" / task_id / "evaluator.sock", root / "private" / f"{task_id}.harness.sock"
+
+
+def gateway_sockets(root: Path) -> tuple[Path, Path]:
+    """The run's gateway: (its agent socket, in a folder of its own; its control socket, private)."""
+    return root / "gateway" / "agent.sock", root / "private" / "gateway.control.sock"
+
+
+def _check_socket_paths(root: Path, tasks: tuple[str, ...]) -> None:
+    """Refuse a run folder whose sockets could not be bound (a long TMPDIR or --workdir), up front."""
+    paths = [*gateway_sockets(root)]
+    paths += [p for ref in tasks for p in evaluator_sockets(root, catalog.get_task(ref).spec.id)]
+    for path in paths:
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise RunError(
+                f"the run folder {root} is too deep for Unix sockets: {path} would be {len(os.fsencode(path))} "
+                f"bytes, at most {MAX_SOCKET_PATH}; use a shorter TMPDIR or --workdir"
+            )
 
 
 class Harness:
@@ -385,7 +411,8 @@ class Harness:
         tasks = [catalog.get_task(ref) for ref in self.options.tasks]
         llm_tokens = [t.spec.budgets.llm_tokens for t in tasks]
         try:
-            async with open_network(self.run_id, self.options.upstreams, llm_tokens, root, private, rec) as network:
+            sockets = gateway_sockets(root)
+            async with open_network(self.run_id, self.options.upstreams, llm_tokens, sockets, private, rec) as network:
                 self._network = network
                 for task in tasks:
                     outcomes.append(await self._run_task(task, root, private, rec))
@@ -421,6 +448,11 @@ class Harness:
         except agent_env.AgentEnvError as exc:
             raise RunError(f"cannot assemble the agent's Python environment: {exc}") from None
         root = Path(tempfile.mkdtemp(prefix="ale-run-", dir=self.options.workdir))
+        try:
+            _check_socket_paths(root, self.options.tasks)
+        except RunError:
+            root.rmdir()
+            raise
         root.chmod(0o711)  # the sandbox uid may traverse to its bind sources, not list them
         (root / "private").mkdir(mode=0o700)
         return attestation, root
@@ -444,15 +476,14 @@ class Harness:
     async def _run_task(self, task: catalog.Task, root: Path, private: Path, rec: Recorder) -> TaskOutcome:
         s = task.spec
         outcome = TaskOutcome(task=task)
-        task_dir, workspace, sockets = await trio.to_thread.run_sync(
-            _prepare_dirs, root, task, self._network is not None
-        )
+        task_dir, workspace = await trio.to_thread.run_sync(_prepare_dirs, root, task, self._network is not None)
         config = json.dumps({"run_id": self.run_id, "secret": secrets.token_hex(32)}).encode()
+        agent_socket, harness_socket = evaluator_sockets(root, s.id)
         spec = EvaluatorSpec(
             task_id=s.id,
             run_config=config,
-            agent_socket=sockets / "evaluator.sock",
-            harness_socket=private / f"{s.id}.harness.sock",
+            agent_socket=agent_socket,
+            harness_socket=harness_socket,
             events_path=private / f"{s.id}.evaluator.jsonl",
         )
         self.progress.phase(s.id, "evaluator", "starting")

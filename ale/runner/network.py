@@ -30,6 +30,8 @@ from ale.runner.tails import GatewayTail
 NO_NETWORK = {"agent": "none", "official": "none"}
 GATEWAY_PHASES = {"agent": "open", "official": "closed"}
 DRAIN_TIMEOUT_S = 10.0
+SETTLE_QUIET_S = 0.1  # the log quiet this long after closing: the cut requests are recorded
+SETTLE_MAX_S = 3.0
 
 
 class NetworkError(RuntimeError):
@@ -68,12 +70,13 @@ class RunNetwork:
         """The agent phase of ``task_ref`` begins: the policy is open."""
         self.tail.task_ref = task_ref
         self.recorder.open_channel("gateway", task_ref)
-        await self._policy("open")
+        await self._policy("open", "agent")
 
     async def close_for(self) -> None:
         """The agent phase ends: the policy is closed (its in-flight requests cut and recorded)."""
         try:
-            await self._policy("closed")
+            await self._policy("closed", "official")
+            await self.settle()
         finally:
             self.recorder.close_channel("gateway")
             self.tail.task_ref = None
@@ -84,12 +87,23 @@ class RunNetwork:
         self.recorder.close_channel("gateway")
         self.tail.task_ref = None
 
-    async def _policy(self, policy: str) -> None:
+    async def settle(self) -> None:
+        """Drain until the log has been quiet for a moment: the requests the closing cut (or whose
+        agent went with its sandbox) are recorded as they end, just after the policy changed."""
+        with trio.move_on_after(SETTLE_MAX_S):
+            while True:
+                before = self.tail.offset
+                await trio.sleep(SETTLE_QUIET_S)
+                await self.tail.drain()
+                if self.tail.offset == before:
+                    return
+
+    async def _policy(self, policy: str, phase: str) -> None:
         if not self.alive():
             await self.drain()
             raise self.died()
         try:
-            await self.gateway.set_policy(policy)
+            await self.gateway.set_policy(policy, phase)
         except GatewayError as exc:
             await self.drain()
             raise NetworkError(str(exc)) from None
@@ -121,22 +135,23 @@ async def open_network(
     run_id: str,
     upstreams: Sequence[Upstream],
     llm_tokens: Sequence[int],
-    root: Path,
+    sockets: tuple[Path, Path],
     private: Path,
     recorder: Recorder,
 ) -> AsyncIterator[RunNetwork | None]:
-    """The run's gateway while the context lasts (None without upstreams); its log drained after it stops."""
+    """The run's gateway while the context lasts (None without upstreams); its log drained after it
+    stops. ``sockets``: where its agent socket (in a folder made here) and control socket go."""
     if not upstreams:
         yield None
         return
-    folder = root / "gateway"
-    folder.mkdir(mode=0o700)  # the sandbox gets the socket bound in; nobody lists or reaches it here
+    agent_socket, control_socket = sockets  # (the gateway's agent socket, its control socket)
+    agent_socket.parent.mkdir(mode=0o700)  # the sandbox gets the socket bound in; nobody lists or reaches it here
     spec = GatewaySpec(
         run_id=run_id,
         upstreams=tuple(upstreams),
         budgets=budgets(llm_tokens),
-        agent_socket=folder / "agent.sock",
-        control_socket=private / "gateway.control.sock",
+        agent_socket=agent_socket,
+        control_socket=control_socket,
         events_path=private / "gateway.jsonl",
     )
     tail = GatewayTail(spec.events_path, recorder)
