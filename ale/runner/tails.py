@@ -196,7 +196,7 @@ class GatewayTail(LogTail):
             channel, data = self.channel, event
         else:
             data = {name: event[name] for name in ACCOUNTING if name in event} | {"content_dropped": True}
-            if not self.recorder.admit(self.requests_channel, 1024):
+            if not self.recorder.admit(self.requests_channel, size):
                 self.recorder.tally(self.requests_channel, accounting(data))
                 return
             channel = self.requests_channel
