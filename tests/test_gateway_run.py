@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,18 @@ def test_the_bundle_passes_inspect_and_the_verifier(gateway_run: GatewayRun, tmp
     outcome = pipeline.process_upload(upload, settings, run.keys.signing_key, user_id=h.PARTICIPANT)
     assert outcome.status == "accepted", outcome.reasons
     assert outcome.summary["network_proxy"]["upstreams"][0]["name"] == "openai"
-    assert outcome.summary["usage"] == json.loads(run.files["network_summary.json"])["usage"]
+    usage = json.loads(run.files["network_summary.json"])["usage"]
+    assert outcome.summary["usage"] == usage
+    # The board's token and runtime columns come from the summary and the manifest, end to end.
+    from ale_verify import export
+
+    export.export_site(settings.database, tmp_path / "site")
+    (row,) = json.loads((tmp_path / "site" / "leaderboard.json").read_text())["submissions"]
+    assert (row["input_tokens"], row["output_tokens"]) == (usage["input_tokens"], usage["output_tokens"])
+    assert row["tokens_source"] == "network_proxy"
+    manifest = json.loads(run.files["manifest.json"])
+    started, finished = (datetime.fromisoformat(manifest["run"][k]) for k in ("started", "finished"))
+    assert row["runtime_s"] == pytest.approx((finished - started).total_seconds(), abs=1e-3)
 
 
 @attrs.frozen

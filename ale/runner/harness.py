@@ -302,10 +302,10 @@ def gateway_sockets(root: Path) -> tuple[Path, Path]:
     return root / "gateway" / "agent.sock", root / "private" / "gateway.control.sock"
 
 
-def _check_socket_paths(root: Path, tasks: tuple[str, ...]) -> None:
+def _check_socket_paths(root: Path, tasks: tuple[str, ...], gateway: bool) -> None:
     """Refuse a run folder whose sockets could not be bound (a long TMPDIR or --workdir), up front."""
-    paths = [*gateway_sockets(root)]
-    paths += [p for ref in tasks for p in evaluator_sockets(root, catalog.get_task(ref).spec.id)]
+    paths = [p for ref in tasks for p in evaluator_sockets(root, catalog.get_task(ref).spec.id)]
+    paths += gateway_sockets(root) if gateway else ()
     for path in paths:
         if len(os.fsencode(path)) > MAX_SOCKET_PATH:
             raise RunError(
@@ -449,7 +449,7 @@ class Harness:
             raise RunError(f"cannot assemble the agent's Python environment: {exc}") from None
         root = Path(tempfile.mkdtemp(prefix="ale-run-", dir=self.options.workdir))
         try:
-            _check_socket_paths(root, self.options.tasks)
+            _check_socket_paths(root, self.options.tasks, bool(self.options.upstreams))
         except RunError:
             root.rmdir()
             raise
