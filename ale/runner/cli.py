@@ -39,7 +39,12 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
             raise CliError(f"--agent-cmd: {exc}") from None
         if not command:
             raise CliError("--agent-cmd is empty")
-        return AgentSpec(name=args.agent_name or Path(command[0]).name, command=command, declared=declared)
+        return AgentSpec(
+            name=args.agent_name or Path(command[0]).name,
+            command=command,
+            declared=declared,
+            packages=tuple(args.agent_package or ()),
+        )
     module = BUNDLED_AGENTS.get(args.agent)
     if module is None:
         raise CliError(
@@ -47,7 +52,11 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
         )
     # The sandbox's own interpreter; the agent's modules go into its environment (agent_env).
     return AgentSpec(
-        name=f"ale-{args.agent}", command=(agent_env.PYTHON, "-m", module), declared=declared, modules=(module,)
+        name=f"ale-{args.agent}",
+        command=(agent_env.PYTHON, "-m", module),
+        declared=declared,
+        modules=(module,),
+        packages=tuple(args.agent_package or ()),
     )
 
 
@@ -201,6 +210,21 @@ def _report(record: Any, run_score: Any, key_path: Path | None) -> None:
         )
 
 
+def _upstreams(args: argparse.Namespace) -> tuple[Any, ...]:
+    """The LLM gateway's upstreams (docs/agent-contract.md, "The LLM gateway"); their keys leave
+    this process's environment once read."""
+    from ale.runner import gateway_proc
+
+    try:
+        upstreams = gateway_proc.configure(
+            args.llm_upstream or (), os.environ, use_environment=not args.no_llm_environment
+        )
+    except gateway_proc.UpstreamError as exc:
+        raise CliError(str(exc)) from None
+    gateway_proc.forget_keys(upstreams, os.environ)
+    return upstreams
+
+
 def _runtime(name: str) -> Runtime:
     try:
         return runtimes.make(name)
@@ -212,11 +236,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     runtime = _runtime(args.runtime)
     manifest, digest, name = _release(args)
     tasks = _run_tasks(args, manifest)
-    out_dir = _writable_out(args)
     agent = _agent(args)
+    upstreams = _upstreams(args)
+    out_dir = _writable_out(args)
     runtime.prestart_evaluator()  # its code loads while the harness's does
     try:
-        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent)
+        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent, upstreams)
     finally:
         runtime.close()
 
@@ -228,6 +253,7 @@ def _run(
     tasks: list[str],
     out_dir: Path,
     agent: AgentSpec,
+    upstreams: Any,
 ) -> int:
     from ale.runner.harness import Harness
     from ale.runner.options import RunOptions
@@ -247,6 +273,7 @@ def _run(
         agent_time_s=args.agent_time,
         nonce=nonce,
         challenge_token=challenge_token,
+        upstreams=upstreams,
     )
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
     progress = PlainProgress() if plain else LiveProgress(tasks)
@@ -347,6 +374,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", default="demo", help="a bundled agent: demo (default) or random")
     run.add_argument("--agent-cmd", help="your agent: a command line run inside the sandbox")
     run.add_argument("--agent-name", help="the agent's name on the board (default: the command's name)")
+    run.add_argument(
+        "--agent-package",
+        action="append",
+        metavar="DIST",
+        help="an installed Python distribution (e.g. openai, anthropic) put into the agent's environment "
+        "with what it requires, at the installed version (repeatable; docs/agent-contract.md)",
+    )
     run.add_argument("--model", help="declared: the model the agent uses")
     run.add_argument("--effort", help="declared: the effort tier")
     run.add_argument("--recipient", action="append", help="age X25519 public key to encrypt to (repeatable)")
@@ -356,6 +390,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--site", help="a verifier's URL: fetch its submission key and a challenge before the run")
     run.add_argument("--token", help="API token for --site (default: $ALE_TOKEN)")
     run.add_argument("--runner-key", help="a registered runner's Ed25519 private key (PEM): sign the bundle")
+    run.add_argument(
+        "--llm-upstream",
+        action="append",
+        metavar="NAME=URL[,api=API][,key-env=VAR][,ca-file=PATH]",
+        help="an LLM API the agent may reach through the run's gateway (repeatable), e.g. "
+        "openai=https://api.openai.com/v1 (key from $OPENAI_API_KEY) or local=http://127.0.0.1:8080/v1,api=openai; "
+        "api: openai or anthropic (default: NAME when it is one of them); key-env: the variable holding its "
+        "key (default OPENAI_API_KEY / ANTHROPIC_API_KEY for those names, else NAME_API_KEY)",
+    )
+    run.add_argument(
+        "--no-llm-environment",
+        action="store_true",
+        help="do not make upstreams of OPENAI_BASE_URL / OPENAI_API_KEY / ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY",
+    )
     run.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     run.add_argument(
         "--runtime",
