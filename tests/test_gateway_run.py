@@ -392,15 +392,17 @@ def test_the_official_phase_cannot_claim_an_open_gateway(gateway_run: GatewayRun
 # --- the gateway's own failure -----------------------------------------------------------------------------
 
 
-def _pids(*needles: str) -> list[int]:
+def _pids(*needles: str, parent: int | None = None) -> list[int]:
+    """Processes whose command line holds every needle (and whose parent is ``parent``, if given)."""
     found = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
+                ppid = int(Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if all(n.encode() in cmdline for n in needles):
+            if all(n.encode() in cmdline for n in needles) and parent in (None, ppid):
                 found.append(int(entry))
     return found
 
@@ -430,7 +432,7 @@ def test_the_gateway_dying_mid_run_fails_the_run_clearly(tmp_path: Path, run_tmp
             up.wait_outcome(0)
             time.sleep(0.5)  # recorded
             (gateway,) = _pids("ale.gateway", "serve", str(run_tmp))
-            (evaluator,) = _pids("ale_evaluator", "serve", str(run_tmp))
+            (evaluator,) = _pids("ale_evaluator", parent=proc.pid)  # prestarted: its task came by pipe
             for pid in (gateway, evaluator):
                 for what in ("cmdline", "environ"):
                     assert REAL_KEY.encode() not in Path(f"/proc/{pid}/{what}").read_bytes(), (pid, what)
@@ -465,7 +467,8 @@ async def test_a_gateway_that_never_becomes_ready_fails_the_run(
     the gateway's own words, run_failed recorded, before any task starts."""
     from ale.runner import gateway_proc
     from ale.runner.gateway_proc import Upstream
-    from ale.runner.harness import AgentSpec, Harness, RunError, RunOptions
+    from ale.runner.harness import Harness, RunError
+    from ale.runner.options import AgentSpec, RunOptions
     from ale.runner.local import LocalRuntime
     from ale.runner.progress import PlainProgress
 
@@ -522,7 +525,8 @@ def _release() -> tuple[Any, str]:
 async def test_a_run_folder_too_deep_for_its_sockets_is_refused_up_front(tmp_path: Path) -> None:
     """A long --workdir (or TMPDIR): one clear line before anything starts, not a gateway or an
     evaluator that cannot bind its socket."""
-    from ale.runner.harness import AgentSpec, Harness, RunError, RunOptions
+    from ale.runner.harness import Harness, RunError
+    from ale.runner.options import AgentSpec, RunOptions
     from ale.runner.local import LocalRuntime
     from ale.runner.progress import PlainProgress
 

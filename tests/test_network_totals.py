@@ -5,19 +5,17 @@ are the ones a verifier recomputes from the stream."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 from fuzzing import fuzz_settings, hostile_json, json_values
 from hypothesis import given
 from hypothesis import strategies as st
 
 from ale.core import network
 from ale.core.trajectory import verify_chain
-from ale.runner.recorder import Recorder
+from ale.runner.recorder import LineQueue, Recorder
 from ale.runner.tails import GatewayTail
 
 TASK = "cartpole-balance@1.0.0"
@@ -57,9 +55,9 @@ class _Run:
     """A recorder with tiny gateway budgets in the agent phase of a one-task run, lines in memory."""
 
     def __init__(self, gateway: int, requests: int) -> None:
-        self.send, self.receive = trio.open_memory_channel[bytes](math.inf)
+        self.queue = LineQueue()
         budgets = {"gateway": gateway, "gateway.requests": requests, "agent.stdout": 1 << 20}
-        self.rec = Recorder(Path("unused"), self.send, budgets=budgets)
+        self.rec = Recorder(Path("unused"), self.queue, budgets=budgets)
         self.rec.emit("trusted_harness", "run_started", {"nonce": None, "run_id": "r", "tasks": [TASK]})
         for kind in ("task_started", "evaluator_started", "agent_started"):
             self.rec.emit("trusted_harness", kind, {"task": TASK})
@@ -70,12 +68,7 @@ class _Run:
         for kind in ("agent_finished", "official_evaluation_started", "official_evaluation_skipped", "task_finished"):
             self.rec.emit("trusted_harness", kind, {"task": TASK})
         self.rec.emit("trusted_harness", "run_finished", {"tasks": {TASK: "not_completed"}})
-        lines = []
-        while True:
-            try:
-                lines.append(self.receive.receive_nowait())
-            except trio.WouldBlock:
-                break
+        lines, self.queue.pending = self.queue.pending, []
         self.stream = b"".join(lines)
         return [json.loads(line) for line in lines]
 
