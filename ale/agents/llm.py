@@ -189,15 +189,18 @@ class Conversation:
         while len(self.turns) > 1 and self.size() > budget:
             self.turns.pop(0)
             self.dropped += 1
-        if self.size() > budget:
+        # Last resort, the newest turn alone is too large: its arguments (already carried out),
+        # then its outputs.
+        if not self._elide(self.turns, budget, outputs=False):
             self._elide(self.turns, budget)
 
-    def _elide(self, turns: Sequence[list[dict[str, Any]]], budget: int) -> bool:
-        """Elide long contents in ``turns``, oldest first, until the budget holds; True once it does."""
+    def _elide(self, turns: Sequence[list[dict[str, Any]]], budget: int, *, outputs: bool = True) -> bool:
+        """Elide long tool-call arguments (and tool outputs) in ``turns``, oldest first, until the
+        budget holds; True once it does."""
         for turn in turns:
             for message in turn:
                 content = message.get("content") or ""
-                if message["role"] == "tool" and len(content) > ELIDE_OVER and "[elided" not in content[:400]:
+                if outputs and message["role"] == "tool" and len(content) > ELIDE_OVER and "[elided" not in content:
                     message["content"] = (
                         f"{content[:200]}\n[elided: {len(content) - 200} more characters of this old tool "
                         "output were removed to save context; run the tool again if you need them]"
@@ -205,7 +208,10 @@ class Conversation:
                     self.elided += 1
                 for call in message.get("tool_calls") or ():
                     function = call["function"]
-                    if len(function["arguments"]) > ELIDE_OVER:
+                    if (
+                        len(function["arguments"]) > ELIDE_OVER
+                        and "elided to save context" not in function["arguments"]
+                    ):
                         function["arguments"] = _elide_arguments(function["arguments"])
                         self.elided += 1
             if self.size() <= budget:
@@ -241,6 +247,13 @@ class Agent:
         return self.deadline - time.monotonic()
 
     def run(self) -> Outcome:
+        """The session, to its end; the endpoint's connection is closed after it."""
+        try:
+            return self._loop()
+        finally:
+            self.client.close()
+
+    def _loop(self) -> Outcome:
         nudges = overflows = 0
         tools = self.tools.definitions()
         for turn in range(1, self.settings.max_turns + 1):

@@ -313,11 +313,13 @@ class ChatClient:
             response = conn.getresponse()
             data = response.read(MAX_RESPONSE_BYTES + 1)
         except TimeoutError:
-            raise _Retry(f"no response within {timeout:.0f} s") from None
+            raise _Retry(f"no response within {timeout:.3g} s") from None
         except TRANSPORT_ERRORS as exc:
             raise _Retry(f"connection failed: {type(exc).__name__}: {clip(str(exc), 200)}") from None
         if len(data) > MAX_RESPONSE_BYTES:
             raise _Retry(f"the response is larger than {MAX_RESPONSE_BYTES} bytes")
+        if response.length:  # a short read: the connection closed before the declared length
+            raise _Retry(f"connection failed: the response ended {response.length} bytes early")
         if response.will_close:
             self.close()
         if response.status == 200:

@@ -433,7 +433,7 @@ class Tools:
         status, capture, timed_out = self._spawn(command, timeout)
         took = time.monotonic() - started
         head = (
-            f"killed after {timeout:.0f} s (timeout){note}"
+            f"killed after {timeout:.3g} s (timeout){note}"
             if timed_out
             else f"exit status {status} in {took:.1f} s{note}"
         )
