@@ -371,6 +371,24 @@ def test_a_budget_429_ends_the_loop_cleanly_without_retrying(folders: tuple[Path
     assert not [line for line in lines if "retrying" in line]
 
 
+def test_the_gateways_budget_refusal_ends_the_loop(folders: tuple[Path, Path]) -> None:
+    body = {
+        "error": {
+            "message": "the run's output_tokens budget is exhausted (1000 used of 1000): "
+            "no more LLM requests in this run",
+            "type": "rate_limit_error",
+            "param": "output_tokens",
+            "code": "budget_exhausted:output_tokens",
+        }
+    }
+    with serve_upstream(script=[Turn(status=429, raw=json.dumps(body).encode())]) as up:
+        agent, _ = in_process(folders, up.openai_base)
+        outcome = agent.run()
+    assert outcome.reason == "llm budget"
+    assert "output_tokens budget is exhausted" in outcome.detail
+    assert len(up.requests) == 1
+
+
 def test_a_budget_429_in_a_process_exits_with_the_reason(tmp_path: Path, folders: tuple[Path, Path]) -> None:
     workspace, task_dir = folders
     with serve_upstream(script=[Turn(status=429, error="budget exhausted: requests 0 of 0")]) as up:

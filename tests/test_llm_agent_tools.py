@@ -579,3 +579,25 @@ def test_the_llm_agents_environment_holds_its_modules_and_no_http_sdk() -> None:
     modules, external = agent_env.ale_closure(["ale.agents.llm"])
     assert {"ale.agents.llm_client", "ale.agents.llm_tools", "ale.agents.llm_prompt", "ale.policy"} <= set(modules)
     assert not {name.split(".")[0] for name in external} & {"openai", "httpx", "requests", "anthropic"}
+
+
+@pytest.mark.parametrize(
+    ("status", "advice", "raised"),
+    [
+        (500, "", "_Retry"),
+        (500, "false", "UpstreamFailed"),
+        (400, "true", "_Retry"),
+        (429, "", "_Retry"),
+        (404, "", "UpstreamFailed"),
+    ],
+)
+def test_x_should_retry_overrides_the_status(status: int, advice: str, raised: str) -> None:
+    import email.message
+
+    headers = email.message.Message()
+    if advice:
+        headers["x-should-retry"] = advice
+    client = llm_client.ChatClient(base_url="http://127.0.0.1:9/v1", api_key="", model="m")
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - the class is the parameter
+        client._refusal(status, headers, b'{"error": {"message": "no"}}')  # type: ignore[arg-type]
+    assert type(caught.value).__name__ == raised
