@@ -306,6 +306,25 @@ def test_hostile_tool_calls_get_clear_errors_and_the_session_goes_on(
     assert not (folders[0] / "big").exists()
 
 
+def test_a_reply_with_hundreds_of_tool_calls_runs_the_first_32_and_answers_every_one(
+    folders: tuple[Path, Path],
+) -> None:
+    many = [ToolCall("write_file", {"path": f"f{i:03d}.txt", "content": str(i)}) for i in range(200)]
+    script = [
+        Turn(tool_calls=many),
+        Turn(tool_calls=[ToolCall("finish", {})]),
+        Turn(tool_calls=[ToolCall("finish", {})]),
+    ]
+    with serve_upstream(script=script) as up:
+        agent, _ = in_process(folders, up.openai_base)
+        assert agent.run().reason == "finished"
+    results = tool_messages(up.requests[1])
+    assert len(results) == 200
+    assert sum(r.startswith("wrote ") for r in results) == llm.MAX_CALLS_PER_TURN
+    assert all("at most 32 tool calls" in r for r in results[llm.MAX_CALLS_PER_TURN :])
+    assert len(list(folders[0].glob("f*.txt"))) == llm.MAX_CALLS_PER_TURN
+
+
 # -- a failing endpoint ---------------------------------------------------------------------------
 
 

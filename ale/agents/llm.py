@@ -51,6 +51,7 @@ DEFAULT_MAX_TURNS = 150
 DEFAULT_CONTEXT_TOKENS = 100_000
 DEFAULT_TOOL_OUTPUT_CHARS = 12_000
 MAX_NUDGES = 3  # replies in a row without a tool call before the loop gives up
+MAX_CALLS_PER_TURN = 32  # tool calls of one reply that are carried out (the rest get an error)
 MAX_OVERFLOWS = 4  # context-length refusals in a row before the loop gives up
 KEEP_RECENT = 4  # turns whose tool outputs are elided only when nothing older is left to elide
 ELIDE_OVER = 400  # characters: shorter contents are never elided
@@ -311,7 +312,11 @@ class Agent:
         finished = False
         calls = sorted(completion.tool_calls, key=lambda c: c.name == "finish")
         results: list[dict[str, Any]] = []
-        for call in calls:
+        for index, call in enumerate(calls):
+            if index >= MAX_CALLS_PER_TURN:  # every call gets an answer, as the API requires
+                text = f"error: not run: at most {MAX_CALLS_PER_TURN} tool calls are carried out per reply"
+                results.append({"role": "tool", "tool_call_id": call.id, "content": text})
+                continue
             shown = _tool_input(call.name, call.arguments)
             self.log(f"turn {turn}: -> {clip(call.name or '(no name)', 60)} {clip(shown, LOG_CHARS)}")
             self.events.write("tool_call", {"tool": call.name, "input": _event_text(shown)})
