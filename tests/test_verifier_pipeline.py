@@ -271,6 +271,7 @@ def _add_task(doc: dict[str, Any]) -> None:
             "official_episodes": s.official_episodes,
             "episodes_run": 2,
             "agent": doc["tasks"][0]["agent"],
+            "network": doc["tasks"][0]["network"],
         }
     )
 

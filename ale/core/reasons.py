@@ -64,6 +64,7 @@ class Reason(enum.StrEnum):
     NONCE_MISMATCH = "nonce_mismatch"
     # chain, integrity, versions, scores
     CHAIN_INVALID = "chain_invalid"
+    NETWORK_MISMATCH = "network_mismatch"
     INTEGRITY_MISMATCH = "integrity_mismatch"
     BAD_SIGNATURE = "bad_signature"
     UNREGISTERED_RUNNER = "unregistered_runner"
@@ -179,6 +180,12 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.TOKEN_REPLAYED: _info("8 challenge", _R, "the challenge was already used by another upload"),
     R.NONCE_MISMATCH: _info("8 challenge", _R, "the nonce in the manifest or the trajectory is not the challenge's"),
     R.CHAIN_INVALID: _info("9 chain", _R, "the trajectory's hash chain or event grammar is broken"),
+    R.NETWORK_MISMATCH: _info(
+        "9 chain",
+        _R,
+        "network_summary.json differs from the totals recomputed from the trajectory's network events "
+        "(requests, tokens, the gateway and its upstreams, the phases' policies)",
+    ),
     R.INTEGRITY_MISMATCH: _info(
         "10 integrity", _R, "a file digest, the Merkle root or the chain head differs from integrity.json"
     ),

@@ -40,7 +40,12 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
             raise CliError(f"--agent-cmd: {exc}") from None
         if not command:
             raise CliError("--agent-cmd is empty")
-        return AgentSpec(name=args.agent_name or Path(command[0]).name, command=command, declared=declared)
+        return AgentSpec(
+            name=args.agent_name or Path(command[0]).name,
+            command=command,
+            declared=declared,
+            packages=tuple(args.agent_package or ()),
+        )
     module = BUNDLED_AGENTS.get(args.agent)
     if module is None:
         raise CliError(
@@ -52,7 +57,13 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
         if not args.model:
             raise CliError("--agent llm needs --model: the model name the LLM endpoint serves")
         argv += ("--model", args.model)
-    return AgentSpec(name=f"ale-{args.agent}", command=argv, declared=declared, modules=(module,))
+    return AgentSpec(
+        name=f"ale-{args.agent}",
+        command=argv,
+        declared=declared,
+        modules=(module,),
+        packages=tuple(args.agent_package or ()),
+    )
 
 
 def _release(args: argparse.Namespace) -> tuple[ReleaseManifest, str, str]:
@@ -205,6 +216,21 @@ def _report(record: Any, run_score: Any, key_path: Path | None) -> None:
         )
 
 
+def _upstreams(args: argparse.Namespace) -> tuple[Any, ...]:
+    """The LLM gateway's upstreams (docs/agent-contract.md, "The LLM gateway"); their keys leave
+    this process's environment once read."""
+    from ale.runner import gateway_proc
+
+    try:
+        upstreams = gateway_proc.configure(
+            args.llm_upstream or (), os.environ, use_environment=not args.no_llm_environment
+        )
+    except gateway_proc.UpstreamError as exc:
+        raise CliError(str(exc)) from None
+    gateway_proc.forget_keys(upstreams, os.environ)
+    return upstreams
+
+
 def _runtime(name: str) -> Runtime:
     try:
         return runtimes.make(name)
@@ -222,6 +248,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tasks = _run_tasks(args, manifest)
     out_dir = _writable_out(args)
     agent = _agent(args)
+    upstreams = _upstreams(args)
     _check_recipients(args.recipient or ([os.environ["ALE_RECIPIENT"]] if os.environ.get("ALE_RECIPIENT") else []))
     site_recipient, nonce, challenge_token = _site_challenge(args)
     runner_key = _runner_key(args)
@@ -235,6 +262,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         agent_time_s=args.agent_time,
         nonce=nonce,
         challenge_token=challenge_token,
+        upstreams=upstreams,
     )
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
     progress = PlainProgress() if plain else LiveProgress(tasks)
@@ -324,6 +352,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--agent-cmd", help="your agent: a command line run inside the sandbox")
     run.add_argument("--agent-name", help="the agent's name on the board (default: the command's name)")
+    run.add_argument(
+        "--agent-package",
+        action="append",
+        metavar="DIST",
+        help="an installed Python distribution (e.g. openai, anthropic) put into the agent's environment "
+        "with what it requires, at the installed version (repeatable; docs/agent-contract.md)",
+    )
     run.add_argument("--model", help="declared: the model the agent uses")
     run.add_argument("--effort", help="declared: the effort tier")
     run.add_argument("--recipient", action="append", help="age X25519 public key to encrypt to (repeatable)")
@@ -333,6 +368,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--site", help="a verifier's URL: fetch its submission key and a challenge before the run")
     run.add_argument("--token", help="API token for --site (default: $ALE_TOKEN)")
     run.add_argument("--runner-key", help="a registered runner's Ed25519 private key (PEM): sign the bundle")
+    run.add_argument(
+        "--llm-upstream",
+        action="append",
+        metavar="NAME=URL[,api=API][,key-env=VAR][,ca-file=PATH]",
+        help="an LLM API the agent may reach through the run's gateway (repeatable), e.g. "
+        "openai=https://api.openai.com/v1 (key from $OPENAI_API_KEY) or local=http://127.0.0.1:8080/v1,api=openai; "
+        "api: openai or anthropic (default: NAME when it is one of them); key-env: the variable holding its "
+        "key (default OPENAI_API_KEY / ANTHROPIC_API_KEY for those names, else NAME_API_KEY)",
+    )
+    run.add_argument(
+        "--no-llm-environment",
+        action="store_true",
+        help="do not make upstreams of OPENAI_BASE_URL / OPENAI_API_KEY / ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY",
+    )
     run.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     run.add_argument(
         "--runtime",

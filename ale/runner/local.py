@@ -136,29 +136,7 @@ def _signal_sandbox(pid: int, sig: int) -> None:
 
 
 @attrs.define
-class _Child:
-    """A child process (the evaluator) as supervision's Killable: signals go to it alone."""
-
-    process: trio.Process
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.returncode
-
-    async def wait(self) -> int:
-        return await self.process.wait()
-
-    def send_term(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            self.process.send_signal(signal.SIGTERM)
-
-    def send_kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            self.process.send_signal(signal.SIGKILL)
-
-
-@attrs.define
-class _Sandbox(_Child):
+class _Sandbox(supervise.ChildProcess):
     """A bubblewrap sandbox as supervision's Sandboxed: its output pipes and event channel."""
 
     stdout: trio.abc.ReceiveStream
@@ -179,7 +157,7 @@ class LocalRuntime:
     """Evaluator as a child process; the agent under bubblewrap."""
 
     name = "local"
-    networks = frozenset({Network.NONE})
+    networks = frozenset({Network.NONE, Network.GATEWAY})
 
     def __init__(self) -> None:
         self._sandbox_kind: str | None = None
@@ -252,8 +230,8 @@ class LocalRuntime:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(supervise.pump, process.stderr, supervise.LineSplitter("stderr", on_stderr))
                     nursery.start_soon(supervise.pump, process.stdout, supervise.LineSplitter("stdout", on_stdout))
-                    if not await supervise.until_ready(_Child(process), ready, READY_TIMEOUT_S):
-                        await supervise.stop(_Child(process))
+                    if not await supervise.until_ready(supervise.ChildProcess(process), ready, READY_TIMEOUT_S):
+                        await supervise.stop(supervise.ChildProcess(process))
                         await trio.sleep(0.1)
                         raise EvaluatorStartError(
                             f"the evaluator for {spec.task_id} did not become ready "
@@ -262,11 +240,11 @@ class LocalRuntime:
                     try:
                         yield handle
                     finally:
-                        await supervise.stop(_Child(process))
+                        await supervise.stop(supervise.ChildProcess(process))
                         nursery.cancel_scope.cancel()
         finally:
             if process.returncode is None:
-                await supervise.stop(_Child(process))
+                await supervise.stop(supervise.ChildProcess(process))
 
     def open_workspace(self, workspace: Path, limits: Limits) -> AbstractAsyncContextManager[None]:
         return self.isolation.open_workspace(workspace, limits)
@@ -279,7 +257,9 @@ class LocalRuntime:
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
         if spec.network not in self.networks:
-            raise SandboxError(f"the local runtime has no {spec.network.value!r} network attachment (only 'none')")
+            raise SandboxError(f"the local runtime has no {spec.network.value!r} network attachment")
+        if spec.gateway_socket is not None and not await trio.Path(spec.gateway_socket).is_socket():
+            raise SandboxError(f"the gateway socket {spec.gateway_socket} is not there")
         if spec.agent_env is None:  # the client library alone
             try:
                 spec = attrs.evolve(spec, agent_env=await trio.to_thread.run_sync(agent_env.ensure))

@@ -11,7 +11,9 @@ through :class:`LineSplitter`, its start deadline with :func:`until_ready`, its 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -45,6 +47,28 @@ class Killable(Protocol):
 
     def send_kill(self) -> None:
         """Stop it at once (SIGKILL to everything it runs)."""
+
+
+@attrs.define
+class ChildProcess:
+    """A child process (an evaluator, a gateway) as a :class:`Killable`: signals go to it alone."""
+
+    process: trio.Process
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    async def wait(self) -> int:
+        return await self.process.wait()
+
+    def send_term(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGTERM)
+
+    def send_kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGKILL)
 
 
 class Sandboxed(Killable, Protocol):
