@@ -3,8 +3,8 @@
 ``POST {base_url}/chat/completions`` with tools, over one kept-alive :mod:`http.client`
 connection. Transient failures (429 that is not a budget, 5xx, a dropped connection, a timeout, a
 200 whose body cannot be read) are retried with exponential backoff and jitter (``Retry-After``
-honoured, capped; ``x-should-retry`` overrides the status, as in OpenAI's SDKs), within a number of
-attempts and the caller's deadline. What retrying cannot
+honoured, capped; ``x-should-retry: true`` forces a retry and ``false`` stops one of a 4xx), within a
+number of attempts and the caller's deadline. What retrying cannot
 fix raises at once: :class:`BudgetExhausted` (the gateway's budget 429, or an upstream's
 ``insufficient_quota``), :class:`ContextOverflow` (a 400 saying the prompt is too long) and
 :class:`UpstreamFailed` (any other refusal, or retries used up). Every response body is untrusted
@@ -338,7 +338,9 @@ class ChatClient:
             raise BudgetExhausted(said, status)
         if status in (400, 413, 422) and _CONTEXT_MARKERS.search(message):
             raise ContextOverflow(said, status)
-        advice = (headers.get("x-should-retry") or "").strip().lower()  # as OpenAI's SDKs read it
-        if advice == "true" or (status in RETRY_STATUSES and advice != "false"):
+        # x-should-retry, as OpenAI's SDKs read it, except that "false" does not stop retries of a
+        # 5xx: the gateway sends it with its 502/504 too, where the upstream may answer next time.
+        advice = (headers.get("x-should-retry") or "").strip().lower()
+        if advice == "true" or (status in RETRY_STATUSES and (advice != "false" or status >= 500)):
             raise _Retry(said, _retry_after(headers, self.max_backoff), status)
         raise UpstreamFailed(said, status)

@@ -428,7 +428,9 @@ class Tools:
         if left < timeout:
             if left < 1:
                 raise ToolError("no wall time is left for commands; call finish")
-            timeout, note = left, f" (timeout_s cut to the {left:.0f} s of wall time left)"
+            timeout = left
+            if timeout_s is not None:
+                note = f" (timeout_s cut to the {left:.0f} s of wall time left)"
         started = time.monotonic()
         status, capture, timed_out = self._spawn(command, timeout)
         took = time.monotonic() - started
