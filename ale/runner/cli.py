@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 BUNDLED_AGENTS = {
     "demo": "ale.agents.demo",
     "random": "ale.agents.random_agent",
+    "llm": "ale.agents.llm",  # the built-in LLM coding agent: needs --model
 }
 
 
@@ -51,9 +52,14 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
             f"unknown bundled agent {args.agent!r}; choose from {', '.join(BUNDLED_AGENTS)} or use --agent-cmd"
         )
     # The sandbox's own interpreter; the agent's modules go into its environment (agent_env).
+    argv: tuple[str, ...] = (agent_env.PYTHON, "-m", module)
+    if args.agent == "llm":
+        if not args.model:
+            raise CliError("--agent llm needs --model: the model name the LLM endpoint serves")
+        argv += ("--model", args.model)
     return AgentSpec(
         name=f"ale-{args.agent}",
-        command=(agent_env.PYTHON, "-m", module),
+        command=argv,
         declared=declared,
         modules=(module,),
         packages=tuple(args.agent_package or ()),
@@ -371,7 +377,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run tasks with an agent and write an encrypted bundle")
     run.add_argument("tasks", nargs="*", help="task ids (see `ale tasks`)")
     run.add_argument("--all", action="store_true", help="run the release's whole required task set")
-    run.add_argument("--agent", default="demo", help="a bundled agent: demo (default) or random")
+    run.add_argument(
+        "--agent",
+        default="demo",
+        help="a bundled agent: demo (default), random, or llm (the LLM coding agent; needs --model)",
+    )
     run.add_argument("--agent-cmd", help="your agent: a command line run inside the sandbox")
     run.add_argument("--agent-name", help="the agent's name on the board (default: the command's name)")
     run.add_argument(
