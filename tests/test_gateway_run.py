@@ -468,8 +468,8 @@ async def test_a_gateway_that_never_becomes_ready_fails_the_run(
     from ale.runner import gateway_proc
     from ale.runner.gateway_proc import Upstream
     from ale.runner.harness import Harness, RunError
-    from ale.runner.options import AgentSpec, RunOptions
     from ale.runner.local import LocalRuntime
+    from ale.runner.options import AgentSpec, RunOptions
     from ale.runner.progress import PlainProgress
 
     need_bwrap()
@@ -526,8 +526,8 @@ async def test_a_run_folder_too_deep_for_its_sockets_is_refused_up_front(tmp_pat
     """A long --workdir (or TMPDIR): one clear line before anything starts, not a gateway or an
     evaluator that cannot bind its socket."""
     from ale.runner.harness import Harness, RunError
-    from ale.runner.options import AgentSpec, RunOptions
     from ale.runner.local import LocalRuntime
+    from ale.runner.options import AgentSpec, RunOptions
     from ale.runner.progress import PlainProgress
 
     need_bwrap()

@@ -23,7 +23,7 @@ from test_llm_agent_sandbox import agent_lines, llm_options, run_harness, workdi
 from test_llm_agent_thirdparty import RECIPE, codex_session, need_codex
 
 from ale.runner.gateway_proc import Upstream
-from ale.runner.harness import AgentSpec
+from ale.runner.options import AgentSpec
 
 CARTPOLE = "cartpole-balance"
 

@@ -18,8 +18,9 @@ from sandbox_tools import need_bwrap
 from ale import catalog
 from ale.core.trajectory import verify_chain
 from ale.runner import cli
-from ale.runner.harness import Harness, RunOptions, RunRecord
+from ale.runner.harness import Harness, RunRecord
 from ale.runner.local import LocalRuntime
+from ale.runner.options import RunOptions
 from ale.runner.progress import PlainProgress
 
 CARTPOLE = "cartpole-balance"
