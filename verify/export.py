@@ -869,7 +869,7 @@ def _csv_cell(name: str, value: Any) -> str:
 
 
 def export_site(
-    database: Path,
+    database: db.Where,
     out: Path,
     *,
     docs_dir: Path | None = None,
@@ -877,8 +877,8 @@ def export_site(
     top_n: int = 10,
 ) -> ExportReport:
     """Render the site for ``database`` into ``out`` (replacing a previous export there)."""
-    if not database.is_file():
-        raise ExportError(f"no database at {database}")
+    if not db.exists(database):
+        raise ExportError(f"no database at {db.location(database)}")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file())):
         raise ExportError(f"{out} exists and is not a previous export (no {MANIFEST}); refusing to replace it")
     rows = db.all_submissions(database)
