@@ -408,7 +408,7 @@ class SqliteEngine:
         if isinstance(exc, sqlite3.IntegrityError):
             return Refused(str(exc))
         code = getattr(exc, "sqlite_errorcode", None)
-        if isinstance(exc, sqlite3.Error) and code is not None and code & 0xFF in _SQLITE_UNAVAILABLE:
+        if isinstance(exc, sqlite3.Error) and code is not None and (code & 0xFF) in _SQLITE_UNAVAILABLE:
             return Unavailable(f"cannot use the database (SQLite at {self.location.path}): {exc}")
         return None
 
