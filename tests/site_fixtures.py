@@ -269,19 +269,19 @@ def submission_id(key: str) -> str:
 def fast_writes() -> Iterator[None]:
     """Fill a fixture database without an fsync per commit (``PRAGMA synchronous = OFF`` on every
     connection ``ale_verify.db`` opens meanwhile). Test data only: a crash could lose it."""
-    real = db.connect
+    real = db.SqliteEngine.session
 
     @contextlib.contextmanager
-    def connect(path: Path) -> Iterator[Any]:
-        with real(path) as conn:
+    def session(self: db.SqliteEngine, *, create: bool = False) -> Iterator[Any]:
+        with real(self, create=create) as conn:
             conn.execute("PRAGMA synchronous = OFF")
             yield conn
 
-    db.connect = connect  # type: ignore[assignment]
+    db.SqliteEngine.session = session  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        db.connect = real  # type: ignore[assignment]
+        db.SqliteEngine.session = real  # type: ignore[method-assign]
 
 
 USERS = ("github:alice", "github:mallory")

@@ -34,8 +34,8 @@ from ale_verify.pipeline import process_upload
 
 
 @pytest.fixture(scope="session")
-def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> h.World:
-    return h.get_world(tmp_path_factory, request.config)
+def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, db_engine: h.Databases) -> h.World:
+    return h.get_world(tmp_path_factory, request.config, db_engine)
 
 
 @pytest.fixture(scope="session")

@@ -88,6 +88,7 @@ class Reason(enum.StrEnum):
     NOT_CONFIGURED = "not_configured"
     BAD_STATE = "bad_state"
     OAUTH_FAILED = "oauth_failed"
+    DATABASE_UNAVAILABLE = "database_unavailable"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -215,6 +216,9 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.NOT_CONFIGURED: _info("API", _Q, "GitHub login is not configured on this site (HTTP 404)"),
     R.BAD_STATE: _info("API", _Q, "the OAuth state does not match this browser's login (HTTP 400)"),
     R.OAUTH_FAILED: _info("API", _Q, "the OAuth provider refused or answered nonsense (HTTP 502)"),
+    R.DATABASE_UNAVAILABLE: _info(
+        "API", _Q, "the verifier's database cannot be reached or used now; try again later (HTTP 503)"
+    ),
     R.INTERNAL_ERROR: _info("API", _Q, "the verifier's own bug; the operator has the details in the log (HTTP 500)"),
 }
 del R
