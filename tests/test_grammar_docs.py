@@ -16,6 +16,8 @@ _KEYS = {
     grammar.TASK_KEY: "`task`",
     grammar.EPISODE_KEY: "`episode`",
     grammar.SESSION_KEY: "`session`",
+    grammar.REQUEST_KEY: "`request`",
+    grammar.BUDGET_KEY: "`budget`",
 }
 
 

@@ -149,7 +149,10 @@ CASES: dict[str, tuple[Callable[[Events], int], str]] = {
         _in_agent_phase("derived_verifier", "note"),
         grammar.RESERVED_PRODUCER,
     ),
-    "network-proxy-event-in-v1": (_in_agent_phase("trusted_network_proxy", "request"), grammar.RESERVED_PRODUCER),
+    "network-proxy-kind-it-does-not-emit": (
+        _in_agent_phase("trusted_network_proxy", "request"),
+        grammar.FORBIDDEN_KIND,
+    ),
     "unknown-agent-kind": (_in_agent_phase("untrusted_agent", "made_up"), grammar.FORBIDDEN_KIND),
     "agent-claims-a-harness-kind": (_in_agent_phase("untrusted_agent", "agent_finished"), grammar.FORBIDDEN_KIND),
     "evaluator-kind-from-the-harness": (_in_agent_phase("trusted_harness", "eval_result"), grammar.FORBIDDEN_KIND),

@@ -6,8 +6,10 @@ the run from one phase to the next (a *structural* event: ``task_started``, ``ag
 ...). Some events carry a *key* that the grammar checks: the task an event belongs to, the
 (session, episode) an ``episode_end`` reports (each at most once). Every (producer, kind) pair
 outside :data:`RULES` is refused: the lists are closed, so hidden reasoning (``thought``, ...),
-kinds nobody emits and the reserved producers (``derived_verifier``, ``trusted_network_proxy``)
-never appear in a bundle.
+kinds nobody emits and the reserved producer (``derived_verifier``) never appear in a bundle. The
+LLM gateway's events (``trusted_network_proxy``, docs/gateway.md) may occur while the run is open;
+each ``llm_request`` (by its ``request_id``) and each ``budget_exhausted`` (by its ``budget``) at
+most once in a task.
 
 The runner's recorder and the verifier share this module: the recorder asks it before writing
 an event (so the harness never writes what a verifier refuses), and the verifier replays the
@@ -44,7 +46,7 @@ _OFFICIAL_RUNNING = frozenset({OFFICIAL, ARTIFACT, POLICY, POLICY_DONE})
 
 # -- keys ------------------------------------------------------------------------------------------
 
-NO_KEY, TASKS_KEY, TASK_KEY, EPISODE_KEY, SESSION_KEY = range(5)
+NO_KEY, TASKS_KEY, TASK_KEY, EPISODE_KEY, SESSION_KEY, REQUEST_KEY, BUDGET_KEY = range(7)
 #: a key whose members are missing or of the wrong type (equal to no valid key: those hold strings
 #: and integers only)
 INVALID: Final = (None,)
@@ -62,7 +64,7 @@ REASONS: Final = frozenset(
     {FORBIDDEN_KIND, HIDDEN_REASONING, RESERVED_PRODUCER, OUT_OF_ORDER, DUPLICATE_EVENT, BAD_KEY, MISSING_RUN_FINISHED}
 )
 
-RESERVED_PRODUCERS: Final = frozenset({"trusted_network_proxy", "derived_verifier"})
+RESERVED_PRODUCERS: Final = frozenset({"derived_verifier"})
 #: words that mark a kind as recording hidden reasoning (refused with their own reason)
 HIDDEN_REASONING_WORDS: Final = ("thought", "reasoning", "thinking", "scratchpad", "monologue")
 
@@ -92,6 +94,10 @@ def _e(kind: str, allowed: Iterable[int], key: int = NO_KEY) -> Rule:
 
 def _a(kind: str, allowed: Iterable[int]) -> Rule:
     return Rule("untrusted_agent", kind, frozenset(allowed))
+
+
+def _n(kind: str, key: int = NO_KEY) -> Rule:
+    return Rule("trusted_network_proxy", kind, _OPEN_RUN, None, key)
 
 
 #: The agent's event-channel kinds (``docs/agent-contract.md``), recorded in either sandbox phase.
@@ -130,6 +136,12 @@ RULES: Final[tuple[Rule, ...]] = (
     _e("batch_progress", _EVALUATOR_UP),
     _e("episode_end", _OFFICIAL_RUNNING, EPISODE_KEY),
     _e("eval_result", _OFFICIAL_RUNNING, SESSION_KEY),
+    # the LLM gateway's log, relayed (the gateway runs for the whole run)
+    _n("gateway_started"),
+    _n("llm_request", REQUEST_KEY),
+    _n("policy_changed"),
+    _n("budget_exhausted", BUDGET_KEY),
+    _n("gateway_stopped"),
     # the agent
     _a("stdout", {AGENT}),
     _a("stderr", {AGENT}),
@@ -210,6 +222,10 @@ def key_of(code: int, data: Mapping[str, Any]) -> Any:
         return _string(data.get("task"))
     if kind == SESSION_KEY:
         return _string(data.get("session_id"))
+    if kind == REQUEST_KEY:
+        return _string(data.get("request_id"))
+    if kind == BUDGET_KEY:
+        return _string(data.get("budget"))
     if kind == EPISODE_KEY:
         session, index = data.get("session_id"), data.get("index")
         return (session, index) if type(session) is str and type(index) is int else INVALID
@@ -240,7 +256,7 @@ class GrammarState:
     tasks: tuple[str, ...] = ()
     done: int = 0  # tasks finished (they run in the order run_started lists them)
     task: str | None = None  # the open task
-    seen: set[tuple[Any, ...]] = attrs.Factory(set)  # (kind, task, session[, index]) of results and episode ends
+    seen: set[tuple[Any, ...]] = attrs.Factory(set)  # (kind, task, key...) of the events recorded once
 
     def event(self, line: int, producer: str, kind: str, data: Mapping[str, Any]) -> GrammarFault | None:
         """:meth:`feed` an event given as it is (the recorder's way)."""
@@ -275,7 +291,7 @@ class GrammarState:
             expected = self.task if rule.kind != "task_started" else _next(self.tasks, self.done)
             if key != expected:
                 return OUT_OF_ORDER, f"{rule.kind} names task {_clip(key)!r} where {expected!r} is due"
-        elif rule.key in (EPISODE_KEY, SESSION_KEY) and self._seen_key(rule, key) in self.seen:
+        elif rule.key in _ONCE_KEYS and self._seen_key(rule, key) in self.seen:
             return DUPLICATE_EVENT, f"a second {rule.kind} for {_clip(str(key))} (each is recorded once)"
         return None
 
@@ -285,7 +301,7 @@ class GrammarState:
     def _advance(self, rule: Rule, key: Any) -> None:
         if rule.key == TASKS_KEY:
             self.tasks = key
-        elif rule.key in (EPISODE_KEY, SESSION_KEY):
+        elif rule.key in _ONCE_KEYS:
             self.seen.add(self._seen_key(rule, key))
         elif rule.kind == "task_started":
             self.task = key
@@ -312,7 +328,11 @@ _KEY_TEXT = {
     TASK_KEY: "task must be a string",
     EPISODE_KEY: "session_id must be a string and index an integer",
     SESSION_KEY: "session_id must be a string",
+    REQUEST_KEY: "request_id must be a string",
+    BUDGET_KEY: "budget must be a string",
 }
+#: keys whose event is recorded at most once (per task)
+_ONCE_KEYS: Final = frozenset({EPISODE_KEY, SESSION_KEY, REQUEST_KEY, BUDGET_KEY})
 
 
 def _next(tasks: tuple[str, ...], done: int) -> str | None:
