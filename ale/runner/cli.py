@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import trio
 
 from ale import __version__, catalog
+from ale.judge import cli as judge_cli
 from ale.runner import agent_env, runtimes
 from ale.runner.options import AgentSpec
 from ale.runner.runtime import Runtime
@@ -191,8 +192,8 @@ def _report(record: Any, run_score: Any, key_path: Path | None) -> None:
             print(f"{o.task.spec.ref}: not completed: {o.reason}", file=sys.stderr)
     for line in bundle_writer.summary_lines(run_score):
         print(line, file=sys.stderr)
-    if any(o.task.spec.genre == "reproduction" for o in record.outcomes):
-        print(f"note: {bundle_writer.NO_JUDGE}", file=sys.stderr)
+    for line in bundle_writer.judge_lines(record):
+        print(line, file=sys.stderr)
     if key_path is not None:
         print(
             f"note: no --recipient given: the bundle is encrypted to a new local key {key_path} "
@@ -247,6 +248,7 @@ def _run(
         agent_time_s=args.agent_time,
         nonce=nonce,
         challenge_token=challenge_token,
+        judge=judge_cli.judge_options(args),
     )
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
     progress = PlainProgress() if plain else LiveProgress(tasks)
@@ -351,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where the evaluator and the agent's sandbox run: {', '.join(runtimes.names())} "
         f"(default {runtimes.DEFAULT}: a child process and bubblewrap); the manifest records it",
     )
+    judge_cli.add_judge_arguments(run, signing=True)
     release_args(run)
     run.set_defaults(func=cmd_run)
 
@@ -378,6 +381,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("--json", action="store_true", help="print the report as JSON")
     inspect.set_defaults(func=cmd_inspect)
+    judge_cli.add_parser(sub)
     return parser
 
 
@@ -388,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
-    except CliError as exc:
+    except (CliError, judge_cli.JudgeCliError) as exc:
         print(f"ale: error: {exc}", file=sys.stderr)
         return 2
 

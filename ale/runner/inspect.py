@@ -90,6 +90,7 @@ def offline_check(ciphertext: bytes, identity: str, runner_keys: KeyLookup | Non
         known_tasks=known,
         validate=validate_document,
         runner_keys=runner_keys,
+        contexts=catalog.judge_contexts(),
     )
 
 

@@ -21,6 +21,17 @@ class AgentSpec:
 
 
 @attrs.frozen
+class JudgeOptions:
+    """The faithfulness judge (``ale run --judge-model``, docs/judge.md); keys never in its repr."""
+
+    model: str
+    base_url: str  # an OpenAI-compatible endpoint's base URL (its /chat/completions is asked)
+    api_key: str | None = attrs.field(default=None, repr=False)
+    signing_key: Any = attrs.field(default=None, repr=False)  # an Ed25519 judge key: sign the verdicts
+    timeout_s: float = 300.0
+
+
+@attrs.frozen
 class RunOptions:
     tasks: tuple[str, ...]
     agent: AgentSpec
@@ -34,3 +45,4 @@ class RunOptions:
     nonce: str | None = None
     challenge_token: str | None = None
     workdir: Path | None = None
+    judge: JudgeOptions | None = None
