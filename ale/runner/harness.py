@@ -623,9 +623,7 @@ class Harness:
         if outcome.status != "completed" or self.options.judge is None:
             return
         self.progress.phase(task.spec.id, "judge", self.options.judge.model)
-        outcome.judgement = await judge_task(
-            task, lines, rec, self.options.judge, run_id=self.run_id, folder=private
-        )
+        outcome.judgement = await judge_task(task, lines, rec, self.options.judge, run_id=self.run_id, folder=private)
 
     @staticmethod
     def _check_alive(ev: EvaluatorHandle, task: catalog.Task) -> None:
