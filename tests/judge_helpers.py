@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ale import catalog
+from ale.core import bundle
 
 Answer = Callable[[dict[str, Any]], tuple[int, bytes]]
 
@@ -120,3 +125,65 @@ def serve_judge(answer: Answer = faithful_answer) -> Iterator[Judge]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+# -- real runs, made once per session -------------------------------------------------------------
+
+RUNNER_CLI = (sys.executable, "-m", "ale.runner.cli")
+
+
+def mixed_answer(request: dict[str, Any]) -> tuple[int, bytes]:
+    """pendulum-lqr: a faithful verdict; any other task: an answer that is not a verdict."""
+    if re.search(r"^Task: pendulum-lqr@", user_text(request), flags=re.M):
+        return faithful_answer(request)
+    return 200, chat_body("I would rather not say.")
+
+
+@dataclass
+class Runs:
+    """Bundles of real ``ale run`` runs (files decrypted), for the judge's tests."""
+
+    plain: dict[str, bytes]  # pendulum-lqr, no judge, official episode counts
+    judged: dict[str, bytes]  # pendulum-lqr and reacher-jacobian, judged (mixed_answer), signed, 2 episodes
+    judge_requests: list[dict[str, Any]]  # what the judged run's judge was asked
+    judge_public_key: str  # base64, as `ale runner-key` prints it
+    log: str
+
+
+_RUNS: Runs | None = None
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("ALE_", "OPENAI_", "KEEP_SUBMISSION"))}
+
+
+def _run(root: Path, name: str, recipient: str, *extra: str) -> tuple[bytes, str]:
+    out = root / name
+    proc = subprocess.run(
+        [*RUNNER_CLI, "run", "--plain", "--agent-time", "120", "--out", str(out), "--recipient", recipient, *extra],
+        cwd=root, env=_env(), capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    path = Path(proc.stdout.strip().splitlines()[-1])
+    return path.read_bytes(), proc.stderr
+
+
+def get_runs(tmp_path_factory: Any, recipient: str, identity: str) -> Runs:
+    """The session's runs, made once however many test modules ask for them."""
+    global _RUNS
+    if _RUNS is not None:
+        return _RUNS
+    root = Path(tmp_path_factory.mktemp("judge-runs"))
+    pem = root / "judge.pem"
+    made = subprocess.run([*RUNNER_CLI, "runner-key", str(pem)], capture_output=True, text=True, timeout=60,
+                          check=True)  # fmt: skip
+    public = dict(line.split(": ", 1) for line in made.stdout.splitlines())["public key (register it on the site)"]
+    plain_raw, log_plain = _run(root, "plain", recipient, "pendulum-lqr")
+    with serve_judge(mixed_answer) as judge:
+        judged_raw, log_judged = _run(root, "judged", recipient, "pendulum-lqr", "reacher-jacobian", "--episodes", "2",
+                                  "--judge-model", "judge-model-1", "--judge-upstream", judge.base,
+                                  "--judge-key", str(pem))  # fmt: skip
+        requests = list(judge.requests)
+    plain, judged = bundle.unpack(plain_raw, identity), bundle.unpack(judged_raw, identity)
+    _RUNS = Runs(plain, judged, requests, public, log_plain + log_judged)
+    return _RUNS

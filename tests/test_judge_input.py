@@ -5,6 +5,7 @@ are cut with markers, and hostile trajectories or workspaces give a bounded inpu
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -138,7 +139,8 @@ def test_a_line_that_is_not_an_event_is_a_judge_input_error() -> None:
 def test_code_artifacts_are_whole_and_the_judge_steps_are_not_in_the_input() -> None:
     text = build_input(_window(_a("stdout", text="ok")), CONTEXT, "run-1").text.decode()
     assert POLICY.decode() in text
-    assert "judge-gw-1" not in text and "judge_started" not in text
+    assert "judge-gw-1" not in text
+    assert "judge_started" not in text
     assert PENDULUM.paper in text
     for item in CONTEXT.rubric.items:
         assert f"`{item.id}` ({item.kind})" in text
@@ -149,7 +151,8 @@ def test_code_artifacts_are_whole_and_the_judge_steps_are_not_in_the_input() -> 
 def test_commands_and_outputs_are_cut_with_a_marker_keeping_head_and_tail() -> None:
     output = "HEAD " + "x" * 50_000 + " TAIL"
     text = build_input(_window(_a("stdout", text=output)), CONTEXT, "run-1").text.decode()
-    assert "HEAD " in text and " TAIL" in text
+    assert "HEAD " in text
+    assert " TAIL" in text
     assert "bytes cut ...]" in text
     assert "x" * 3000 not in text  # an output keeps at most 2 KiB at the first level
 
@@ -169,8 +172,10 @@ def test_a_huge_trajectory_keeps_its_head_and_tail_and_says_what_it_omitted() ->
     text = ji.text.decode()
     trajectory = text[text.index("## The trajectory") : text.index("## End of the judge input")]
     assert len(trajectory.encode()) <= TRAJECTORY_BUDGET + 1024
-    assert ji.omitted > 0 and f"[... {ji.omitted} entries (" in trajectory
-    assert "python step_0.py" in trajectory and "output 5999 " in trajectory
+    assert ji.omitted > 0
+    assert f"[... {ji.omitted} entries (" in trajectory
+    assert "python step_0.py" in trajectory
+    assert "output 5999 " in trajectory
     assert "python step_3000.py" not in trajectory
     assert POLICY.decode() in text  # the artifacts are never what is cut
 
@@ -230,7 +235,8 @@ def test_snapshot_takes_code_first_within_the_total_cap_and_lists_the_rest() -> 
     contents = {f["path"]: f["content"] for f in summary["files"]}
     assert contents["weights.npy"] == "binary"
     assert [b["path"] for b in bodies] == ["z0.py", "z1.py", "z2.py"]  # code first, by path
-    assert contents["z3.py"] == "omitted" and contents["a_notes.log"] == "omitted"
+    assert contents["z3.py"] == "omitted"
+    assert contents["a_notes.log"] == "omitted"
     assert summary["text_bytes"] <= SNAPSHOT_TOTAL_BYTES
 
 
@@ -243,7 +249,8 @@ def test_snapshot_lists_at_most_its_cap_and_counts_the_rest() -> None:
 
 def test_snapshot_text_with_control_characters_is_binary() -> None:
     summary, bodies = _snap([FileEntry("x.py", "file", 4, False, b"ab\x1b[")])
-    assert summary["files"][0]["content"] == "binary" and bodies == []
+    assert summary["files"][0]["content"] == "binary"
+    assert bodies == []
 
 
 def test_snapshot_chunks_join_to_the_file_even_across_multibyte_characters() -> None:
@@ -288,10 +295,12 @@ def test_the_walk_follows_no_link_reads_no_fifo_and_stays_within_its_caps(tmp_pa
     (ws / os.fsdecode(b"caf\xe9.py")).write_bytes(b"print(1)\n")
     entries, unlisted = walk(ws)
     by_path = {e.path: e for e in entries}
-    assert by_path["secret-link"].kind == "symlink" and by_path["secret-link"].content is None
+    assert by_path["secret-link"].kind == "symlink"
+    assert by_path["secret-link"].content is None
     assert by_path["pipe"].kind == "special"
     assert by_path["big.bin"].content is None
-    assert by_path["policy"].content == POLICY and by_path["policy"].executable
+    assert by_path["policy"].content == POLICY
+    assert by_path["policy"].executable
     assert "caf\\xe9.py" in by_path
     assert not any("__pycache__" in p or "hidden.py" in p for p in by_path)
     assert unlisted == 1  # the folder past the depth cap
@@ -303,7 +312,8 @@ def test_the_walk_stops_listing_a_workspace_of_many_files(tmp_path: Path) -> Non
     for i in range(SNAPSHOT_MAX_LISTED + 30):
         (tmp_path / f"f{i:04}.txt").write_bytes(b"x")
     entries, unlisted = walk(tmp_path)
-    assert len(entries) == SNAPSHOT_MAX_LISTED and unlisted == 30
+    assert len(entries) == SNAPSHOT_MAX_LISTED
+    assert unlisted == 30
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads a mode-000 file")
@@ -315,7 +325,8 @@ def test_the_walk_notes_an_unreadable_file(tmp_path: Path) -> None:
         (entry,) = walk(tmp_path)[0]
     finally:
         path.chmod(stat.S_IRUSR | stat.S_IWUSR)
-    assert entry.content is None and entry.note.startswith("unreadable")
+    assert entry.content is None
+    assert entry.note.startswith("unreadable")
 
 
 # -- the rubric ---------------------------------------------------------------------------------
@@ -358,10 +369,8 @@ def test_a_bad_rubric_is_refused_with_its_field_named(change: Any, message: str)
 @fuzz_settings
 @given(st.one_of(hostile_json, json_values.map(lambda v: json.dumps(v).encode())))
 def test_fuzz_parse_rubric_raises_only_parse_errors(raw: bytes) -> None:
-    try:
+    with contextlib.suppress(ParseError):
         parse_rubric(raw)
-    except ParseError:
-        pass
 
 
 # -- hostile trajectories -----------------------------------------------------------------------
@@ -371,10 +380,8 @@ def test_fuzz_parse_rubric_raises_only_parse_errors(raw: bytes) -> None:
 @fuzz_settings
 @given(st.lists(st.one_of(hostile_json, json_values.map(lambda v: json.dumps(v).encode())), max_size=6))
 def test_fuzz_task_windows_raises_only_judge_input_errors(lines: list[bytes]) -> None:
-    try:
+    with contextlib.suppress(JudgeInputError):
         task_windows(b"\n".join(line.replace(b"\n", b" ") for line in lines), [REF])
-    except JudgeInputError:
-        pass
 
 
 _datas = st.dictionaries(st.sampled_from(["task", "text", "files", "path", "endpoint", "seq", "x"]), json_values)
@@ -391,9 +398,18 @@ _datas = st.dictionaries(st.sampled_from(["task", "text", "files", "path", "endp
                     ["trusted_harness", "untrusted_agent", "trusted_evaluator", "trusted_network_proxy", "x"]
                 ),
                 "kind": st.sampled_from(
-                    ["artifact_snapshot", "artifact_file", "stdout", "agent_started", "agent_finished", "rpc",
-                     "llm_request", "note", "official_evaluation_finished"]
-                ),  # fmt: skip
+                    [
+                        "artifact_snapshot",
+                        "artifact_file",
+                        "stdout",
+                        "agent_started",
+                        "agent_finished",
+                        "rpc",
+                        "llm_request",
+                        "note",
+                        "official_evaluation_finished",
+                    ]
+                ),
                 "data": _datas,
             }
         ),
@@ -431,7 +447,8 @@ H, E, N = "trusted_harness", "trusted_evaluator", "trusted_network_proxy"
 RUN = [(H, "run_started"), (H, "task_started"), (H, "evaluator_started"), (H, "agent_started"), (H, "agent_finished")]
 SNAPSHOT = [(H, "artifact_snapshot"), (H, "artifact_file"), (H, "artifact_file")]
 OFFICIAL = [(H, "official_evaluation_started"), (H, "official_evaluation_skipped")]
-JUDGE = [(H, "judge_started"), (N, "gateway_started"), (N, "llm_request"), (N, "gateway_stopped"), (H, "judge_finished")]
+JUDGE = [(H, "judge_started"), (N, "gateway_started"), (N, "llm_request"), (N, "gateway_stopped")]
+JUDGE += [(H, "judge_finished")]
 END = [(H, "task_finished"), (H, "run_finished")]
 
 
@@ -441,10 +458,10 @@ END = [(H, "task_finished"), (H, "run_finished")]
         (RUN + SNAPSHOT + OFFICIAL + JUDGE + END, None),
         (RUN + OFFICIAL + END, None),  # no snapshot (an open task), no judge
         (RUN + SNAPSHOT + SNAPSHOT[:1] + OFFICIAL + END, grammar.OUT_OF_ORDER),  # one snapshot only
-        (RUN + [(H, "artifact_file")] + OFFICIAL + END, grammar.OUT_OF_ORDER),  # a file without its snapshot
+        ([*RUN, (H, "artifact_file"), *OFFICIAL, *END], grammar.OUT_OF_ORDER),  # a file without its snapshot
         (RUN + OFFICIAL + [(H, "judge_started"), (H, "task_finished")] + END[1:], grammar.OUT_OF_ORDER),
         (RUN + OFFICIAL + JUDGE + [(E, "rpc")] + END, grammar.OUT_OF_ORDER),  # the evaluator is stopped by then
-        (RUN + [(H, "judge_started")] + OFFICIAL + END, grammar.OUT_OF_ORDER),  # only after the evaluation
+        ([*RUN, (H, "judge_started"), *OFFICIAL, *END], grammar.OUT_OF_ORDER),  # only after the evaluation
         (RUN + OFFICIAL + JUDGE + JUDGE[:1] + END, grammar.OUT_OF_ORDER),  # once
     ],
 )

@@ -356,7 +356,7 @@ DOCUMENT_CASES: dict[str, tuple[Callable[[dict[str, bytes]], dict[str, bytes]], 
         "score_mismatch",
     ),
     "faithful-without-judge": (
-        lambda f: h.edit(f, "faithfulness.json", lambda d: d["tasks"]["cartpole-balance@1.0.0"].update(verdict=True)),
+        lambda f: h.edit(f, "faithfulness.json", lambda d: d["tasks"]["cartpole-balance@1.0.0"].update(faithful=True)),
         "inconsistent_results",
     ),
     "self-elevation-declared": (

@@ -210,6 +210,7 @@ def _runtime(name: str) -> Runtime:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    judge = judge_cli.judge_options(args)  # refused before anything starts
     runtime = _runtime(args.runtime)
     manifest, digest, name = _release(args)
     tasks = _run_tasks(args, manifest)
@@ -217,7 +218,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     agent = _agent(args)
     runtime.prestart_evaluator()  # its code loads while the harness's does
     try:
-        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent)
+        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent, judge)
     finally:
         runtime.close()
 
@@ -229,6 +230,7 @@ def _run(
     tasks: list[str],
     out_dir: Path,
     agent: AgentSpec,
+    judge: Any = None,
 ) -> int:
     from ale.runner.harness import Harness
     from ale.runner.options import RunOptions
@@ -248,7 +250,7 @@ def _run(
         agent_time_s=args.agent_time,
         nonce=nonce,
         challenge_token=challenge_token,
-        judge=judge_cli.judge_options(args),
+        judge=judge,
     )
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
     progress = PlainProgress() if plain else LiveProgress(tasks)
