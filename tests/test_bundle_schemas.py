@@ -154,7 +154,8 @@ def test_schemas_are_valid_and_identified(name: str) -> None:
     schema = _schema(name)
     Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["$id"] == f"https://ale-robotics.org/schemas/{name}/v1"
+    version = {"faithfulness": "v2"}.get(name, "v1")  # the document type's version (ale-faithfulness/v2)
+    assert schema["$id"] == f"https://ale-robotics.org/schemas/{name}/{version}"
     assert schema["title"]
     assert schema["description"]
     assert schema["additionalProperties"] is False

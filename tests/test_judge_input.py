@@ -129,8 +129,11 @@ def test_the_window_ends_before_judge_started_and_holds_only_its_task() -> None:
 
 
 def test_a_line_that_is_not_an_event_is_a_judge_input_error() -> None:
+    start = canonical_json({"seq": 0, "producer": "trusted_harness", "kind": "task_started", "data": {"task": REF}})
     with pytest.raises(JudgeInputError, match="line 2"):
-        task_windows(b'{"seq":0,"producer":"p","kind":"k","data":{}}\n[1,2]\n', [REF])
+        task_windows(start + b"\n[1,2]\n", [REF])
+    with pytest.raises(JudgeInputError, match="line 1"):
+        task_windows(b'{"kind": "task_started", "data": 1}\n', [REF])
 
 
 # -- what the input holds -----------------------------------------------------------------------

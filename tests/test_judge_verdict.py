@@ -310,3 +310,29 @@ def test_failed_keeps_the_digest_and_is_unfaithful() -> None:
     result = failed("error", "x" * 10_000, model="m", input_sha256=DIGEST)
     assert (result.faithful, result.input_sha256, result.findings) == (False, DIGEST, ())
     assert len(result.rationale) < 4100
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(st.dictionaries(st.sampled_from(["kind", "wall_time", "monotonic", "seq", "request_id", "x"]), json_values))
+def test_fuzz_relayed_takes_any_gateway_line(line: dict[str, Any]) -> None:
+    """A judge gateway line of any shape is relayed as a well-formed event or refused with a reason."""
+    out = relayed(line, "reacher-jacobian@1.0.0")
+    if isinstance(out, str):
+        return
+    kind, data, wall, mono = out
+    assert isinstance(kind, str)
+    assert data["task"] == "reacher-jacobian@1.0.0"
+    assert data["gateway"] == "judge"
+    assert 0 <= wall < 253_402_300_800
+    assert mono == mono  # finite (NaN is refused)
+
+
+def test_a_gateway_events_file_with_garbage_lines_reads_them_as_reasons(tmp_path: Path) -> None:
+    session = JudgeGateway(tmp_path, "run", "http://127.0.0.1:9/v1", None, budgets(10, 2))
+    session.events_path.write_bytes(b'{"kind":"gateway_started","wall_time":1,"monotonic":2}\nnot json\n[1]\n')
+    first, second, third = session.events()
+    assert isinstance(first, dict)
+    assert isinstance(second, str)
+    assert "not valid JSON" in second
+    assert third == "not a JSON object"

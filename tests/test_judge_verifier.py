@@ -250,3 +250,20 @@ def test_the_submission_page_shows_judged_unjudged_and_the_findings(world: h.Wor
         assert f"<code>{item.id}</code>" in html
     board = (tmp_path / "site" / "reproduction.html").read_text()
     assert "1 unjudged" in board
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+def test_judge_keys_are_read_from_the_environment_and_bad_ones_refused() -> None:
+    from ale_verify.config import Settings
+
+    public = "A" * 43 + "="  # base64 of 32 bytes
+    settings = Settings.from_env({"ALE_VERIFY_JUDGE_KEYS": f"team judge={public}, {public}",
+                                  "ALE_VERIFY_JUDGE_MODEL": " m "})  # fmt: skip
+    assert settings.judge_keys == (("team judge", public), (public[:12], public))
+    assert settings.judge_model == "m"
+    for bad in ("x=notbase64!", "short=AAAA", "=" * 5):
+        with pytest.raises(ValueError, match="ALE_VERIFY_JUDGE_KEYS"):
+            Settings.from_env({"ALE_VERIFY_JUDGE_KEYS": bad})
+    assert "sk-" not in repr(Settings.from_env({"ALE_VERIFY_JUDGE_API_KEY_FILE": "/x/sk-key"}))

@@ -466,7 +466,7 @@ FLIPS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
         lambda d: d[: len(d) // 2] + bytes([d[len(d) // 2] ^ 0x01]) + d[len(d) // 2 + 1 :],
         "bad_zstd",
     ),
-    "faithfulness.json": (lambda d: _flip_text(d, b'"reason":"'), "integrity_mismatch"),
+    "faithfulness.json": (lambda d: _flip_text(d, b'"rationale":"'), "integrity_mismatch"),
     "integrity.json": (lambda d: _flip_hex(d, b'"merkle_root":"'), "integrity_mismatch"),
     "manifest.json": (lambda d: _flip_text(d, b'"name":"ale-'), "integrity_mismatch"),
     "network_summary.json": (lambda d: _flip_text(d, b'"policy":"'), "integrity_mismatch"),

@@ -176,7 +176,8 @@ def step_faithfulness(
     """Step 12: the verdicts held to the judge inputs rebuilt from the bundle, the claimed scores
     recomputed from the bundle's own verdicts, then the credited verdicts and the board's scores."""
     contexts = catalog.judge_contexts()
-    inputs, verdicts = check_verdicts(docs, contexts, trajectory(docs, files))
+    reproduction = any(t.genre == "reproduction" for t in docs.results.tasks)
+    inputs, verdicts = check_verdicts(docs, contexts, trajectory(docs, files) if reproduction else b"")
     recompute_scores(docs, release, verdicts)
     keys = judging.judge_keys(settings)
     configured = judging.configured(settings)

@@ -113,8 +113,8 @@ class JudgeInput:
 
 
 def _event(line: bytes, number: int) -> dict[str, Any]:
-    try:
-        event = parse_json(line, what=f"trajectory line {number}", max_bytes=_LINE_BYTES)
+    try:  # a verified chain's lines are canonical: no repeated key to look for
+        event = parse_json(line, what=f"trajectory line {number}", max_bytes=_LINE_BYTES, unique_keys=False)
     except ParseError as exc:
         raise JudgeInputError(str(exc)) from None
     if type(event) is not dict or type(event.get("data")) is not dict or type(event.get("kind")) is not str:
@@ -124,13 +124,18 @@ def _event(line: bytes, number: int) -> dict[str, Any]:
 
 def task_windows(events: bytes | Iterable[bytes], refs: Iterable[str]) -> dict[str, list[dict[str, Any]]]:
     """Each task's window (its events from ``task_started`` up to its ``judge_started`` or
-    ``task_finished``), for the tasks in ``refs``; a task without a ``task_started`` gets []."""
+    ``task_finished``), for the tasks in ``refs``; a task without a ``task_started`` gets [].
+
+    ``events`` are the lines of a trajectory (canonical JSON, as a verified chain's or the
+    harness's own): outside a window only a line that can be a ``task_started`` is parsed."""
     wanted = set(refs)
     windows: dict[str, list[dict[str, Any]]] = {ref: [] for ref in wanted}
+    if not wanted:
+        return windows
     lines = events.splitlines() if isinstance(events, bytes) else events
     current: list[dict[str, Any]] | None = None
     for number, line in enumerate(lines, start=1):
-        if not line:
+        if not line or (current is None and b"task_started" not in line):
             continue
         event = _event(line, number)
         harness = event.get("producer") == "trusted_harness"
@@ -335,9 +340,14 @@ def _indent(text: str) -> str:
 
 def _select(entries: Sequence[_Entry]) -> tuple[list[str], int, int]:
     """The rendered entries within TRAJECTORY_BUDGET, the level used and how many were omitted."""
+    lengths = [_utf8(e.text) for e in entries]
+    last = len(CAP_LEVELS) - 1
     for level, (call_cap, output_cap) in enumerate(CAP_LEVELS):
-        rendered = [_render(e, output_cap if e.output else call_cap) for e in entries]
-        if sum(_utf8(r) for r in rendered) <= TRAJECTORY_BUDGET or level == len(CAP_LEVELS) - 1:
+        caps = [output_cap if e.output else call_cap for e in entries]
+        if level < last and sum(min(n, cap) for n, cap in zip(lengths, caps, strict=True)) > TRAJECTORY_BUDGET:
+            continue  # a lower bound of the rendered size already exceeds the budget: no need to render
+        rendered = [_render(e, cap) for e, cap in zip(entries, caps, strict=True)]
+        if sum(_utf8(r) for r in rendered) <= TRAJECTORY_BUDGET or level == last:
             break
     sizes = [_utf8(r) for r in rendered]
     if sum(sizes) <= TRAJECTORY_BUDGET:
@@ -393,7 +403,8 @@ def _artifacts(window: Sequence[Mapping[str, Any]]) -> str:
     for f in summary["files"]:
         if type(f) is not dict:
             continue
-        out.append(_artifact(f, texts.get(f.get("path")) if type(f.get("path")) is str else None))
+        path = f.get("path")
+        out.append(_artifact(f, texts.get(path) if isinstance(path, str) else None))
     return "".join(out)
 
 

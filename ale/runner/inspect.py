@@ -137,6 +137,26 @@ def _signature_json(report: Report) -> dict[str, Any] | None:
     }
 
 
+def _faithfulness_json(report: Report) -> dict[str, Any]:
+    """Each reproduction task's own verdict, its rebuilt judge input, and what a site without a
+    judge of its own would credit (docs/verifier.md, "Faithfulness")."""
+    out = {}
+    for ref, entry in sorted(report.docs.faithfulness.tasks.items()):
+        if entry.outcome == "open_genre":
+            continue
+        credit = report.credits.get(ref)
+        out[ref] = {
+            "outcome": entry.outcome,
+            "faithful": entry.faithful,
+            "judge_model": entry.judge_model,
+            "signed": entry.signature is not None,
+            "input_sha256": entry.input_sha256,
+            "input_rebuilt": ref in report.inputs,
+            "credited_without_rejudging": None if credit is None else credit.status == "judged",
+        }
+    return out
+
+
 def report_json(report: Report) -> dict[str, Any]:
     m = report.manifest
     level, notes = level_for(
@@ -160,6 +180,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "aggregate": plain(report.claimed.aggregate),
         "merkle_root": report.root,
         "signature": _signature_json(report),
+        "faithfulness": _faithfulness_json(report),
         "checks": {"passed": passed_checks(report), "not_checked": list(report.not_checked)},
         "level_if_the_site_accepts_it": {"level": level, "notes": notes},
     }
@@ -187,6 +208,12 @@ def _write_text(doc: Mapping[str, Any], out: TextIO) -> None:
     mean_text = "n/a" if mean is None else f"{mean:.3f}"
     rate_text = "n/a" if rate is None else f"{rate:.2f}"
     out.write(f"macro mean {mean_text}, pass rate {rate_text}, coverage {covered}/{covered + missing}\n")
+    for ref, f in doc["faithfulness"].items():
+        verdict = "faithful" if f["faithful"] else "unfaithful"
+        credited = {True: "a site credits it (signed by a judge key it registered)",
+                    False: "a site credits it only by re-judging the rebuilt input", None: "not completed"}  # fmt: skip
+        out.write(f"faithfulness {ref}: {verdict} ({f['outcome']}{', signed' if f['signed'] else ''}); input "
+                  f"{(f['input_sha256'] or '')[:16]}...; {credited[f['credited_without_rejudging']]}\n")  # fmt: skip
     signature = doc["signature"]
     if signature is None:
         out.write("signature: none (an unsigned bundle is never officially_verified)\n")
