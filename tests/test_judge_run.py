@@ -100,6 +100,11 @@ def test_the_judges_exchange_is_in_the_trajectory_through_its_gateway(runs: Runs
     assert {e["data"]["gateway"] for e in judge_events} == {"judge"}
     requests = [e for e in judge_events if e["kind"] == "llm_request"]
     assert [e["data"]["request_id"] for e in requests] == ["judge-gw-1", "judge-gw-1"]  # one gateway per task
+    for ref in (PENDULUM, REACHER):
+        own = [e for e in judge_events if e["data"]["task"] == ref]
+        assert [e["kind"] for e in own] == ["gateway_started", "llm_request", "gateway_stopped"], ref
+        assert [e["data"]["gateway_seq"] for e in own] == [1, 2, 3]
+    assert not [e for e in events if e["kind"] in ("refused_event", "rejected_agent_event")]
     assert all(e["data"]["decision"] == "allowed" and e["data"]["status"] == 200 for e in requests)
     started = [e for e in events if e["kind"] == "judge_started"]
     finished = [e for e in events if e["kind"] == "judge_finished"]

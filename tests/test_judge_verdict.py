@@ -260,8 +260,10 @@ def test_the_endpoint_origin_has_no_path_and_no_default_port() -> None:
 # -- through the judge's own gateway --------------------------------------------------------------
 
 
-def _through_gateway(tmp: Path, base: str, limits: dict[str, int], key: str | None = None) -> tuple[Any, Any]:
-    session = JudgeGateway(tmp, "run-gw-test", base, key, limits)
+def _through_gateway(
+    tmp: Path, base: str, limits: dict[str, int], key: str | None = None, name: str = "judge"
+) -> tuple[Any, Any]:
+    session = JudgeGateway(tmp, "run-gw-test", base, key, limits, name=name)
     try:
         sock = session.start()
         transport = Transport("http://localhost/judge", session.placeholder, unix_socket=sock, timeout=20)
@@ -336,3 +338,23 @@ def test_a_gateway_events_file_with_garbage_lines_reads_them_as_reasons(tmp_path
     assert isinstance(second, str)
     assert "not valid JSON" in second
     assert third == "not a JSON object"
+
+
+def test_each_tasks_judge_gateway_reads_back_only_its_own_log(tmp_path: Path) -> None:
+    """Regression: the second task's gateway appended to the first's log, so its relay repeated the
+    first task's requests (and the grammar refused the repeated request ids)."""
+    with serve_judge() as judge:
+        first = _through_gateway(tmp_path, judge.base, budgets(len(INPUT.text), 2), name="judge-a")[1]
+        second = _through_gateway(tmp_path, judge.base, budgets(len(INPUT.text), 2), name="judge-b")[1]
+        again = _through_gateway(tmp_path, judge.base, budgets(len(INPUT.text), 2), name="judge-b")[1]
+    for session in (first, second, again):
+        kinds = [e["kind"] for e in session.events() if isinstance(e, dict)]
+        assert kinds == ["gateway_started", "llm_request", "gateway_stopped"]
+
+
+def test_a_key_that_is_no_header_value_is_an_error_not_a_crash() -> None:
+    with serve_judge() as judge:
+        exchange = _ask(judge.base, key="sk-bad\nInjected: header")
+    assert (exchange.result.outcome, exchange.requests) == ("error", 1)
+    assert "not a valid header value" in exchange.result.rationale
+    assert "sk-bad" not in exchange.result.rationale

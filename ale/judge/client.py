@@ -168,6 +168,8 @@ def _send(transport: Transport, payload: bytes, ids: list[str]) -> HttpReply | t
         reply = transport.post("chat/completions", payload)
     except TRANSPORT_ERRORS as exc:
         return f"the judge's endpoint could not be reached: {type(exc).__name__}: {clip(str(exc), 200)}", True
+    except ValueError:  # http.client refuses a header value (a key with a control character): no retry helps
+        return "the judge's request could not be sent: its key is not a valid header value", False
     if reply.request_id:
         ids.append(reply.request_id)
     if len(reply.body) > MAX_REPLY_BYTES:

@@ -52,11 +52,13 @@ def budgets(input_bytes: int, attempts: int) -> dict[str, int]:
 class JudgeGateway:
     """One gateway process in ``folder`` (private to the harness)."""
 
-    def __init__(self, folder: Path, run_id: str, base_url: str, api_key: str | None, limits: dict[str, int]) -> None:
+    def __init__(
+        self, folder: Path, run_id: str, base_url: str, api_key: str | None, limits: dict[str, int], name: str = "judge"
+    ) -> None:
         self.folder = folder
-        self.agent_socket = str(folder / "judge-gw.sock")
+        self.agent_socket = str(folder / "judge-gw.sock")  # short (a socket path has 107 bytes); one at a time
         self.control_socket = str(folder / "judge-gw-control.sock")
-        self.events_path = folder / "judge-gw.jsonl"
+        self.events_path = folder / f"{name}-gw.jsonl"  # one log per gateway: each task's is its own
         self.placeholder = "ale-judge-" + secrets.token_urlsafe(24)
         upstream = {"name": UPSTREAM, "api": "openai", "base_url": base_url, "api_key": api_key, "ca_file": None}
         self._config = {
@@ -72,6 +74,7 @@ class JudgeGateway:
 
     def start(self, timeout: float = START_TIMEOUT_S) -> str:
         """Start the gateway and wait for its ready line; the agent socket's path."""
+        self.events_path.unlink(missing_ok=True)  # a log of an earlier gateway here is not this one's
         read_end, write_end = os.pipe()
         try:
             os.write(write_end, json.dumps(self._config).encode())

@@ -77,7 +77,7 @@ async def judge_task(
         {"task": ctx.ref, "model": options.model, "endpoint": endpoint.origin, "input_sha256": judge_input.sha256,
          "input_bytes": len(judge_input.text), "budgets": limits},
     )  # fmt: skip
-    session = JudgeGateway(folder, run_id, endpoint.base_url, options.api_key, limits)
+    session = JudgeGateway(folder, run_id, endpoint.base_url, options.api_key, limits, name=f"judge-{task.spec.id}")
     try:
         exchange = await trio.to_thread.run_sync(
             _exchange, session, options, judge_input, ctx.rubric, abandon_on_cancel=True
