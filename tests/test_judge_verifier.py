@@ -267,3 +267,27 @@ def test_judge_keys_are_read_from_the_environment_and_bad_ones_refused() -> None
         with pytest.raises(ValueError, match="ALE_VERIFY_JUDGE_KEYS"):
             Settings.from_env({"ALE_VERIFY_JUDGE_KEYS": bad})
     assert "sk-" not in repr(Settings.from_env({"ALE_VERIFY_JUDGE_API_KEY_FILE": "/x/sk-key"}))
+
+
+def test_ale_verify_check_says_which_verdicts_a_site_with_these_judge_keys_credits(
+    world: h.World, runs: Runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ale_verify.cli import main as verify_main
+
+    path = tmp_path / "judged.ale"
+    path.write_bytes(h.encrypt_files(runs.judged, world.keys.recipient))
+    monkeypatch.setenv("ALE_VERIFY_DATA", str(tmp_path / "site"))
+    args = ["check", str(path), "--identity", str(world.keys.key_file), "--json"]
+    assert verify_main(args) == 0
+    unregistered = json.loads(capsys.readouterr().out)["faithfulness"]
+    monkeypatch.setenv("ALE_VERIFY_JUDGE_KEYS", f"team judge={runs.judge_public_key}")
+    assert verify_main(args) == 0
+    registered = json.loads(capsys.readouterr().out)["faithfulness"]
+    assert unregistered[PENDULUM]["credited_without_rejudging"] is False
+    assert registered[PENDULUM]["credited_without_rejudging"] is True
+    assert registered[REACHER]["credited_without_rejudging"] is False  # unsigned (and unparsable)
+    assert registered[PENDULUM]["signed"] is True
+    assert (
+        registered[PENDULUM]["input_sha256"]
+        == json.loads(runs.judged["faithfulness.json"])["tasks"][PENDULUM]["input_sha256"]
+    )

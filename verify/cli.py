@@ -62,6 +62,7 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The site's checks, offline: a signature must name a key registered in this verifier's
     database (when it has one) or given with --runner-public-key."""
     from ale.runner.inspect import inspect_bundle
+    from ale_verify.judging import judge_keys
 
     registered = None
     if settings.database.is_file():
@@ -75,6 +76,7 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
         runner_keys=args.runner_public_key,
         registered=registered,
         prog="ale-verify",
+        judge_keys=judge_keys(settings),
     )
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ale import catalog
+from ale.core.faithfulness import JudgeKeyLookup
 from ale.core.release import ReleaseManifest, parse_release
 from ale.core.signing import key_id
 from ale.core.verify import KeyLookup, Report, RunnerKey, VerificationError, check_files, level_for, plain, unpack
@@ -80,7 +81,9 @@ def installed_releases() -> dict[str, ReleaseManifest]:
     return found
 
 
-def offline_check(ciphertext: bytes, identity: str, runner_keys: KeyLookup | None = None) -> Report:
+def offline_check(
+    ciphertext: bytes, identity: str, runner_keys: KeyLookup | None = None, judge_keys: JudgeKeyLookup | None = None
+) -> Report:
     releases = installed_releases()
     known = {t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()}
     files = unpack(ciphertext, identity)
@@ -91,6 +94,7 @@ def offline_check(ciphertext: bytes, identity: str, runner_keys: KeyLookup | Non
         validate=validate_document,
         runner_keys=runner_keys,
         contexts=catalog.judge_contexts(),
+        judge_keys=judge_keys,
     )
 
 
@@ -235,6 +239,7 @@ def inspect_bundle(
     runner_keys: Iterable[str] = (),
     registered: KeyLookup | None = None,
     prog: str = "ale",
+    judge_keys: JudgeKeyLookup | None = None,
 ) -> int:
     """Check a bundle offline and print what it holds. ``runner_keys`` are public keys (base64)
     the signature may name; ``registered`` looks up more (the verifier's database). With neither,
@@ -251,7 +256,7 @@ def inspect_bundle(
         return 2
     lookup = key_lookup(given, *([registered] if registered else [])) if given or registered else None
     try:
-        report = offline_check(ciphertext, identity, lookup)
+        report = offline_check(ciphertext, identity, lookup, judge_keys)
     except VerificationError as exc:
         print(f"{prog}: the bundle fails verification ({exc.reason}): {exc}", file=sys.stderr)
         return 1
