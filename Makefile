@@ -49,6 +49,7 @@ bench: install  ## every benchmark; each prints its ratios and writes bench/resu
 	$(BIN)/python bench/harness_bench.py --out bench/results/harness.json
 	$(BIN)/python bench/verifier_bench.py --out bench/results/verifier.json
 	$(BIN)/python bench/site_bench.py
+	$(BIN)/python bench/gateway_bench.py --out bench/results/gateway.json
 
 clean:  ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 PLACEHOLDER = "ale-placeholder-7f3c2a9e"
+OPENAI_AUTH_HEADER = f"authorization: Bearer {PLACEHOLDER}\r\n".encode()
 
 
 def openai_upstream(up: Any, name: str = "openai", key: str | None = None) -> dict[str, Any]:
@@ -78,6 +79,19 @@ class Gateway:
 
     def requests(self) -> list[dict[str, Any]]:
         return self.events("llm_request")
+
+    def settled(self, quiet: float = 0.15) -> int:
+        """The number of llm_request events once no new one has come for ``quiet`` seconds (a
+        request of an earlier test is recorded just after its client saw the end of its answer)."""
+        import time
+
+        count, since = len(self.requests()), time.monotonic()
+        while time.monotonic() - since < quiet:
+            time.sleep(0.02)
+            now = len(self.requests())
+            if now != count:
+                count, since = now, time.monotonic()
+        return count
 
     def wait_requests(self, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
         """The llm_request events once there are at least ``count``."""

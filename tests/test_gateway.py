@@ -66,13 +66,6 @@ def ant(port: int) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=f"http://127.0.0.1:{port}/anthropic", api_key=PLACEHOLDER, max_retries=0)
 
 
-def last(gw: Gateway, count: int = 1) -> list[dict[str, Any]]:
-    """The last ``count`` llm_request events (waiting for them)."""
-    before = len(gw.requests())
-    del before
-    return gw.wait_requests(count)[-count:]
-
-
 def recorded_since(gw: Gateway, mark: int, count: int) -> list[dict[str, Any]]:
     return gw.wait_requests(mark + count)[mark : mark + count]
 
@@ -81,7 +74,7 @@ def recorded_since(gw: Gateway, mark: int, count: int) -> list[dict[str, Any]]:
 
 
 def test_openai_sdk_chat_plain_and_stream_record_usage_with_cached_tokens(up: Upstream, gw: Gateway, port: int) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     client = oai(port)
     up.push(Turn(text="plain answer", usage=Usage(120, 7, 100)), Turn(text="streamed answer", usage=Usage(130, 9, 64)))
     reply = client.chat.completions.create(model="gpt-test", messages=USER)  # type: ignore[arg-type]
@@ -121,7 +114,7 @@ def test_openai_sdk_chat_plain_and_stream_record_usage_with_cached_tokens(up: Up
 def test_chat_stream_without_include_usage_still_records_usage_and_the_agent_gets_no_extra_chunk(
     up: Upstream, gw: Gateway, port: int
 ) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     up.push(Turn(text="counted anyway", usage=Usage(50, 4, 0)))
     chunks = list(oai(port).chat.completions.create(model="m", messages=USER, stream=True))  # type: ignore[arg-type]
     assert all(c.choices for c in chunks), "the usage chunk the gateway asked for reached the agent"
@@ -133,7 +126,7 @@ def test_chat_stream_without_include_usage_still_records_usage_and_the_agent_get
 
 
 def test_openai_sdk_responses_plain_and_stream_record_usage(up: Upstream, gw: Gateway, port: int) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     client = oai(port)
     up.push(Turn(text="responses plain", usage=Usage(80, 5, 40)), Turn(text="responses stream", usage=Usage(90, 6, 0)))
     assert client.responses.create(model="gpt-test", input="hi").output_text == "responses plain"
@@ -151,7 +144,7 @@ def test_openai_sdk_responses_plain_and_stream_record_usage(up: Upstream, gw: Ga
 
 
 def test_openai_sdk_lists_and_retrieves_models(gw: Gateway, port: int) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     client = oai(port)
     assert [m.id for m in client.models.list()] == ["test-model", "test-model-mini"]
     assert client.models.retrieve("test-model").id == "test-model"
@@ -164,7 +157,7 @@ def test_openai_sdk_lists_and_retrieves_models(gw: Gateway, port: int) -> None:
 def test_anthropic_sdk_messages_plain_and_stream_record_usage_with_cache_reads(
     up: Upstream, gw: Gateway, port: int
 ) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     client = ant(port)
     up.push(Turn(text="claude plain", usage=Usage(300, 11, 200)), Turn(text="claude stream", usage=Usage(310, 12, 0)))
     message = client.messages.create(model="claude-test", max_tokens=100, messages=USER)  # type: ignore[arg-type]
@@ -181,7 +174,7 @@ def test_anthropic_sdk_messages_plain_and_stream_record_usage_with_cache_reads(
 
 
 def test_anthropic_sdk_count_tokens_and_models(gw: Gateway, port: int) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     client = ant(port)
     assert client.messages.count_tokens(model="claude-test", messages=USER).input_tokens > 0  # type: ignore[arg-type]
     assert [m.id for m in client.models.list()] == ["test-model", "test-model-mini"]
@@ -196,7 +189,7 @@ def test_anthropic_sdk_count_tokens_and_models(gw: Gateway, port: int) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 def test_tool_calls_are_recorded_for_every_api(up: Upstream, gw: Gateway, port: int, stream: bool) -> None:
     calls = [ToolCall("write_file", {"path": "policy.py", "text": "x = 1"}, id="call_w"), ToolCall("finish", {})]
-    mark = len(gw.requests())
+    mark = gw.settled()
     up.push(*(Turn(text="", tool_calls=calls) for _ in range(3)))
     tools = [{"type": "function", "function": {"name": "write_file", "parameters": {"type": "object"}}}]
     if stream:
@@ -272,7 +265,8 @@ def test_credential_and_unknown_headers_are_not_forwarded(up: Upstream, gw: Gate
 def test_a_wrong_or_missing_placeholder_is_401_in_the_api_format_and_recorded(
     up: Upstream, gw: Gateway, headers: dict[str, str]
 ) -> None:
-    start, mark = len(up.requests), len(gw.requests())
+    mark = gw.settled()
+    start = len(up.requests)
     client = gw.client()
     reply = client.post("/openai/chat/completions", json={"model": "m", "messages": USER}, headers=headers)
     assert reply.status_code == 401
@@ -316,7 +310,7 @@ def test_a_key_the_agent_sends_back_in_its_messages_is_redacted_from_the_events(
 
 
 def test_an_unknown_upstream_is_404_and_recorded(gw: Gateway) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     reply = gw.client().post("/mistral/v1/chat/completions", json={}, headers=OPENAI_AUTH)
     assert reply.status_code == 404
     assert reply.json()["error"]["code"] == "unknown_upstream"
@@ -348,7 +342,8 @@ def test_an_unknown_upstream_is_404_and_recorded(gw: Gateway) -> None:
 def test_paths_outside_the_allow_list_are_403_in_the_api_format(
     up: Upstream, gw: Gateway, method: str, path: str
 ) -> None:
-    start, mark = len(up.requests), len(gw.requests())
+    mark = gw.settled()
+    start = len(up.requests)
     headers = ANTHROPIC_AUTH if path.startswith("/anthropic") else OPENAI_AUTH
     body = json.dumps({"model": "m"}).encode()
     head = f"{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\nconnection: close\r\n"
@@ -373,7 +368,7 @@ SECRET_REASONING = "SECRET-REASONING-7d1e"
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_hidden_reasoning_is_never_recorded(up: Upstream, gw: Gateway, port: int, stream: bool) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     up.push(*(Turn(text="visible", reasoning=f"{SECRET_REASONING} response") for _ in range(3)))
     fresh = [{"role": "user", "content": f"a conversation of its own {uuid.uuid4().hex}"}]
     chat_history = [
@@ -415,7 +410,7 @@ def test_hidden_reasoning_is_never_recorded(up: Upstream, gw: Gateway, port: int
 
 
 def test_messages_are_recorded_once_per_conversation_not_quadratically(up: Upstream, gw: Gateway) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     client = gw.client()
     history: list[dict[str, Any]] = [{"role": "system", "content": f"system prompt {uuid.uuid4().hex}"}]
     for turn in range(12):
@@ -434,7 +429,7 @@ def test_messages_are_recorded_once_per_conversation_not_quadratically(up: Upstr
 
 
 def test_a_rewritten_history_records_from_the_first_changed_message(gw: Gateway) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     client = gw.client()
     base = [{"role": "system", "content": f"rewrite {uuid.uuid4().hex}"}, {"role": "user", "content": "a"}]
     longer = [*base, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]
@@ -448,7 +443,7 @@ def test_a_rewritten_history_records_from_the_first_changed_message(gw: Gateway)
 
 
 def test_a_huge_message_is_cut_and_the_line_stays_within_256_kib(gw: Gateway) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     messages = [{"role": "user", "content": f"{i} " + "y" * 100_000} for i in range(30)]
     reply = gw.client().post("/openai/chat/completions", json={"model": "m", "messages": messages}, headers=OPENAI_AUTH)
     assert reply.status_code == 200
@@ -481,7 +476,7 @@ def test_stream_events_reach_the_agent_before_the_upstream_sends_the_next(up: Up
 
 
 def test_a_huge_response_is_passed_through_whole(up: Upstream, gw: Gateway) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     up.push(Turn(text="start", pad=6_000_000), Turn(text="start", pad=3_000_000, chunk_chars=65536))
     client = gw.client()
     plain = client.post("/openai/chat/completions", json={"model": "m", "messages": USER}, headers=OPENAI_AUTH)
@@ -714,7 +709,7 @@ def _raw(gw: Gateway, payload: bytes) -> bytes:
 def test_malformed_http_gets_a_clear_error_and_is_recorded_never_a_crash(
     gw: Gateway, payload: bytes, status: int
 ) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     answer = _raw(gw, payload)
     assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:200]
     assert b'"error"' in answer
@@ -744,7 +739,8 @@ def test_malformed_http_gets_a_clear_error_and_is_recorded_never_a_crash(
 def test_hostile_json_bodies_get_400_in_the_api_format_and_are_recorded(
     up: Upstream, gw: Gateway, body: bytes, reason: str
 ) -> None:
-    start, mark = len(up.requests), len(gw.requests())
+    mark = gw.settled()
+    start = len(up.requests)
     client = gw.client()
     for path, headers in (("/openai/chat/completions", OPENAI_AUTH), ("/anthropic/v1/messages", ANTHROPIC_AUTH)):
         reply = client.post(path, content=body, headers={**headers, "content-type": "application/json"})
@@ -757,7 +753,7 @@ def test_hostile_json_bodies_get_400_in_the_api_format_and_are_recorded(
 
 
 def test_an_oversized_body_gets_413_in_the_api_format(up: Upstream, gw: Gateway) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     body = b'{"model": "m", "messages": "' + b"a" * (33 * 1024 * 1024) + b'"}'
     reply = gw.client().post("/anthropic/v1/messages", content=body, headers=ANTHROPIC_AUTH)
     assert reply.status_code == 413
@@ -770,7 +766,7 @@ def test_an_oversized_body_gets_413_in_the_api_format(up: Upstream, gw: Gateway)
 
 
 def test_the_agent_dropping_mid_stream_cancels_the_upstream_request_and_is_recorded(up: Upstream, gw: Gateway) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     up.push(Turn(text="d" * 5000, chunk_chars=10, chunk_delay=0.01, usage=Usage(10, 1250)))
     start = len(up.requests)
     body = {"model": "m", "messages": USER, "stream": True}
@@ -786,7 +782,7 @@ def test_the_agent_dropping_mid_stream_cancels_the_upstream_request_and_is_recor
 
 
 def test_the_agent_dropping_while_the_upstream_thinks_cancels_the_upstream_request(up: Upstream, gw: Gateway) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     up.push(Turn(text="late", delay=3))
     start = len(up.requests)
     with pytest.raises(httpx.ReadTimeout):
@@ -841,7 +837,7 @@ def test_a_slow_upstream_is_504_and_a_stalled_stream_ends_with_an_error_event(tm
 def test_an_upstream_dropping_mid_stream_ends_the_agent_stream_with_an_error_event(
     up: Upstream, gw: Gateway, port: int
 ) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     up.push(Turn(text="broken " * 40, chunk_chars=8, disconnect_after=6))
     stream = oai(port).chat.completions.create(model="m", messages=USER, stream=True)  # type: ignore[arg-type]
     with pytest.raises(openai.APIError, match="the upstream broke the stream"):
@@ -853,7 +849,7 @@ def test_an_upstream_dropping_mid_stream_ends_the_agent_stream_with_an_error_eve
 
 @pytest.mark.parametrize("status", [400, 429, 500, 529])
 def test_upstream_errors_are_passed_on_and_recorded(up: Upstream, gw: Gateway, status: int) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     up.push(Turn(status=status, error=f"upstream says {status}"))
     reply = gw.client().post(
         "/anthropic/v1/messages", json={"model": "m", "max_tokens": 5, "messages": USER}, headers=ANTHROPIC_AUTH
@@ -866,7 +862,7 @@ def test_upstream_errors_are_passed_on_and_recorded(up: Upstream, gw: Gateway, s
 
 
 def test_a_garbage_upstream_body_is_passed_on_and_recorded_without_usage(up: Upstream, gw: Gateway) -> None:
-    mark = len(gw.requests())
+    mark = gw.settled()
     up.push(Turn(raw=b"{not json at all", content_type="application/json"))
     reply = gw.client().post("/openai/chat/completions", json={"model": "m", "messages": USER}, headers=OPENAI_AUTH)
     assert reply.content == b"{not json at all"

@@ -30,6 +30,7 @@ class Ledger:
     cached_input_tokens: int = 0
     live: dict[str, int] = attrs.Factory(dict)  # request_id -> estimated output of a stream in flight
     exhausted: set[str] = attrs.Factory(set)  # budgets already reported exhausted
+    live_total: int = 0  # the sum of ``live`` (kept, not summed per chunk)
 
     def used(self, name: str) -> int:
         return int(getattr(self, name))
@@ -39,7 +40,7 @@ class Ledger:
         return value
 
     def _live_output(self) -> int:
-        return self.output_tokens + sum(self.live.values())
+        return self.output_tokens + self.live_total
 
     def refusal(self) -> str | None:
         """The budget that refuses a new generation request now, or None."""
@@ -60,13 +61,14 @@ class Ledger:
     def estimate(self, request_id: str, output: int) -> bool:
         """Update a stream's live estimate; True if the output budget is now overrun (cut it)."""
         if request_id in self.live:
+            self.live_total += output - self.live[request_id]
             self.live[request_id] = output
         limit = self.limits.output_tokens
         return limit is not None and self._live_output() > limit
 
     def settle(self, request_id: str, usage: Usage | None, estimate: int = 0) -> None:
         """A metered request ended: its usage (or, when the upstream said none, its estimate) counts."""
-        self.live.pop(request_id, None)
+        self.live_total -= self.live.pop(request_id, 0)
         if usage is not None:
             self.input_tokens += usage.input_tokens
             self.output_tokens += usage.output_tokens

@@ -100,6 +100,7 @@ class Agent:
         self.stream = stream
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         self.gone = False
+        self.chunked = False  # the response being sent is chunked
 
     async def next_event(self, seconds: float) -> Any:
         """The next h11 event; trio.TooSlowError if the peer sends nothing for ``seconds``."""
@@ -116,9 +117,19 @@ class Agent:
                 raise trio.TooSlowError
             self.h11.receive_data(bytes(data))
 
+    def _frame(self, event: Any) -> bytes:
+        """An event's bytes: a stream's Data framed here (what h11 would write, without its
+        bookkeeping: a chunked body has no length to track), the rest by h11."""
+        if self.chunked and type(event) is h11.Data:
+            return b"%x\r\n%s\r\n" % (len(event.data), event.data) if event.data else b""
+        data = self.h11.send(event) or b""
+        if type(event) is h11.Response:
+            self.chunked = b"\r\ntransfer-encoding: chunked\r\n" in data.lower()
+        return data
+
     async def send(self, *events: Any) -> int:
         """Send h11 events; the body bytes sent."""
-        data = b"".join(self.h11.send(event) or b"" for event in events)
+        data = b"".join(self._frame(event) for event in events)
         if data:
             with trio.CancelScope(deadline=trio.current_time() + WRITE_SECONDS) as scope:
                 try:
