@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import attrs
 
-from ale.core.judge_input import TaskContext
 from ale.core.release import ReleaseManifest, parse_release
 from ale.core.rubric import Rubric, parse_rubric
+
+if TYPE_CHECKING:
+    from ale.core.judge_input import TaskContext
 from ale.core.tasks import TaskSpec, parse_task
 
 DEFAULT_RELEASE = "2026.11"
@@ -71,6 +74,8 @@ def judge_context(task: Task) -> TaskContext:
     s = task.spec
     if task.rubric is None:
         raise ValueError(f"{s.ref} has no rubric: only reproduction tasks are judged")
+    from ale.core.judge_input import TaskContext  # here: the evaluator loads the catalog, not the judge
+
     return TaskContext(s.ref, task.digest, s.title, s.genre, s.mode, task.paper, task.rubric)
 
 
