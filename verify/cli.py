@@ -99,19 +99,43 @@ def cmd_export_site(args: argparse.Namespace, settings: Settings) -> int:
     from ale_verify import export
 
     docs = Path(args.docs) if args.docs else export.default_docs_dir()
-    try:
-        report = export.export_site(
+
+    def run_export() -> export.ExportReport:
+        return export.export_site(
             settings.database, Path(args.dir), docs_dir=docs, page_size=args.page_size, top_n=args.top_n,
             jobs=args.jobs,
+        )  # fmt: skip
+
+    def say(report: export.ExportReport) -> None:
+        print(json.dumps({"event": "exported", "dir": str(report.directory), "files": report.files,
+                          "pages": report.pages, "bytes": report.bytes, "submissions": report.submissions,
+                          "ranked": report.ranked, "unchanged": report.unchanged,
+                          "docs": str(docs) if docs else None}), flush=True)  # fmt: skip
+
+    try:
+        if args.every is None:
+            say(run_export())
+            return 0
+        from ale_verify import export_watch
+
+        export_watch.watch(
+            run_export, settings.database, args.every, stop=export_watch.stop_on_sigterm(), report=say,
+            waiting=lambda: print(json.dumps({"event": "waiting", "database": str(settings.database)}), flush=True),
         )  # fmt: skip
     except export.ExportError as exc:
         print(f"ale-verify: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"event": "exported", "dir": str(report.directory), "files": report.files,
-                      "pages": report.pages, "bytes": report.bytes, "submissions": report.submissions,
-                      "ranked": report.ranked, "unchanged": report.unchanged,
-                      "docs": str(docs) if docs else None}))  # fmt: skip
     return 0
+
+
+def _period(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds") from None
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{raw!r}: between 0.1 and 86400 seconds")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="worker processes for the submission pages (default: the CPUs, up to 8)",
+    )
+    site.add_argument(
+        "--every",
+        type=_period,
+        metavar="SECONDS",
+        help="keep running: export again whenever the database changed, looking every SECONDS (deploy/compose.yaml)",
     )
     site.set_defaults(func=cmd_export_site)
     return parser
