@@ -13,6 +13,7 @@ Debian mirror and PyPI unless the download cache has the pins.
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import secrets
@@ -28,12 +29,19 @@ from typing import Any
 import attrs
 import httpx
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sandbox_tools import missing
 from verifier_helpers import free_port
 
+from ale.core import provenance
+from ale.core.canonical import canonical_json
+from ale.core.signing import key_id, public_raw
+from ale.core.verify import RunnerKey
 from ale.images import definition, layout
+from ale.images.attest import lock_document
 from ale.images.build import Built, build_image
 from ale.images.fetch import FetchError, default_cache
+from ale.images.provenance import attest
 
 pytestmark = pytest.mark.slow
 
@@ -291,3 +299,20 @@ def test_site_key_is_mounted_into_the_verifier_alone_and_is_nowhere_in_the_image
             assert secret == [], f"{service} mounts {secret}"
     published = site.podman("port", site.container("verifier"), check=False).stdout.strip()
     assert published == "", f"the verifier is reached through the proxy alone, not {published}"
+
+
+def test_real_verifier_image_has_provenance_that_checks_against_its_lock(site: Site) -> None:
+    """`ale images attest` on the image the stack ran: signed, it passes the verifier's check."""
+    key = Ed25519PrivateKey.generate()
+    raw = public_raw(key)
+    runner = RunnerKey(key_id(raw), base64.b64encode(raw).decode(), "benchmark_team")
+    defn = definition.load(ROOT / "images" / "verifier.toml")
+    envelope = canonical_json(attest(defn, ROOT, site.built.layout, key))
+    lock = lock_document([site.built])["images"]
+    checked = provenance.check_lock(lock, {"verifier": envelope}, trusted={runner.key_id: runner}.get)
+    p = checked["verifier"].provenance
+    assert p.digest == site.built.digest
+    assert {d.name for d in p.dependencies if d.kind == "deb"} >= {"caddy", "python3.11"}
+    assert {"verify/app.py", "verify/cli.py", "ale/core/provenance.py"} <= {
+        d.name for d in p.dependencies if d.kind == "project"
+    }

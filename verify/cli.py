@@ -78,6 +78,37 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     )
 
 
+def cmd_check_provenance(args: argparse.Namespace, settings: Settings) -> int:
+    """The images' provenance statements against a lock: signed by a registered runner key."""
+    from ale.core.provenance import ProvenanceError
+    from ale_verify import provenance
+
+    registered = None
+    if settings.database.is_file():
+        from ale_verify.pipeline import registered_runner
+
+        registered = registered_runner(settings)
+    try:
+        trusted = provenance.lookup(provenance.given_keys(args.runner_public_key), registered)
+        report = provenance.check_files(
+            Path(args.lock), Path(args.statements), trusted, allow_unsigned=args.allow_unsigned
+        )
+    except provenance.ProvenanceInputError as exc:
+        print(f"ale-verify: error: {exc}", file=sys.stderr)
+        return 2
+    except ProvenanceError as exc:
+        print(f"ale-verify: provenance refused ({exc.reason}): {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"images": report}, indent=2, sort_keys=True))
+        return 0
+    for name, entry in report.items():
+        signer = entry["signed_by"]
+        by = f"signed by runner key {signer['key_id']} ({signer['kind']})" if signer else "unsigned"
+        print(f"{name} {entry['digest']}: provenance matches the lock, {by}")
+    return 0
+
+
 def cmd_create_token(args: argparse.Namespace, settings: Settings) -> int:
     from ale_verify import db
 
@@ -164,6 +195,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(func=cmd_check)
+    prov = sub.add_parser(
+        "check-provenance", help="check the images' provenance statements against a lock (docs/images.md)"
+    )
+    prov.add_argument("--lock", required=True, help="the images lock (ale images lock)")
+    prov.add_argument(
+        "--statements", required=True, metavar="DIR", help="folder of NAME.intoto.json statements (ale images attest)"
+    )
+    prov.add_argument(
+        "--runner-public-key",
+        action="append",
+        default=[],
+        metavar="BASE64",
+        help="a runner public key to trust besides the database's registered keys (repeatable)",
+    )
+    prov.add_argument("--allow-unsigned", action="store_true", help="accept statements outside a DSSE envelope")
+    prov.add_argument("--json", action="store_true", help="print the report as JSON")
+    prov.set_defaults(func=cmd_check_provenance)
     token = sub.add_parser("create-token", help="create a local user's API token (for CI and bootstrapping)")
     token.add_argument("--user", required=True, help="user id, e.g. ci or operator:alice")
     token.add_argument("--label", default="created with ale-verify create-token")
