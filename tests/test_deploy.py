@@ -12,6 +12,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,9 +23,11 @@ from typing import Any
 
 import pytest
 import yaml
+from images_helpers import mini_image
+from sandbox_tools import missing
 
 from ale.images import definition
-from ale.images.build import project_files
+from ale.images.build import build_image, project_files
 from ale_verify import db, export_watch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,6 +218,26 @@ def test_load_image_refuses_a_folder_that_is_not_a_layout(tmp_path: Path) -> Non
     r = subprocess.run([str(DEPLOY / "load-image"), str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2
     assert "is not an OCI layout" in r.stderr
+
+
+def test_load_image_refuses_a_layout_whose_digest_is_not_the_locks(tmp_path: Path) -> None:
+    if shutil.which("skopeo") is None:
+        missing("skopeo is not installed (apt-get install skopeo)")
+    checkout, path, cache = mini_image(tmp_path)
+    built = build_image(definition.load(path), checkout, tmp_path / "out" / "mini", cache, offline=True,
+                        log=lambda _l: None)  # fmt: skip
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps({"format": "ale-images-lock/v1", "images": {"mini": {"digest": "sha256:" + "0" * 64}}}))
+    r = subprocess.run([str(DEPLOY / "load-image"), "--lock", str(lock), str(built.layout)], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert f"is {built.digest}, the lock" in r.stderr
+    assert r.stdout == ""
+    lock.write_text(json.dumps({"format": "ale-images-lock/v1", "images": {}}))
+    r = subprocess.run([str(DEPLOY / "load-image"), "--lock", str(lock), str(built.layout)], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2
+    assert "has no entry for mini" in r.stderr
 
 
 # --- the exporter's loop ------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def cmd_check_provenance(args: argparse.Namespace, settings: Settings) -> int:
         print(f"ale-verify: error: {exc}", file=sys.stderr)
         return 2
     except ProvenanceError as exc:
-        print(f"ale-verify: provenance refused ({exc.reason}): {exc}", file=sys.stderr)
+        print(f"ale-verify: provenance refused ({exc.reason}): {exc.message}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps({"images": report}, indent=2, sort_keys=True))

@@ -60,7 +60,7 @@ class ProvenanceError(ValueError):
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"{reason}: {message}")
-        self.reason = reason
+        self.reason, self.message = reason, message
 
 
 # --- the model ----------------------------------------------------------------------------------
