@@ -264,7 +264,7 @@ def _loop(database: Path, *, rounds: int, between: Any = None) -> tuple[int, lis
 
     exports = export_watch.watch(
         lambda: seen.append("export") or "report",
-        database,
+        lambda: export_watch.file_state(database),
         0.0,
         stop=Clocked(),
         report=lambda r: seen.append(f"report {r}"),
@@ -316,7 +316,9 @@ def test_export_loop_ends_on_an_export_error(tmp_path: Path) -> None:
         raise ExportError("not a previous export")
 
     with pytest.raises(ExportError):
-        export_watch.watch(fail, database, 0.0, stop=threading.Event(), report=print, waiting=print)
+        export_watch.watch(
+            fail, lambda: export_watch.file_state(database), 0.0, stop=threading.Event(), report=print, waiting=print
+        )
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "abc", "nan", "1e9"])

@@ -150,7 +150,8 @@ def cmd_export_site(args: argparse.Namespace, settings: Settings) -> int:
         from ale_verify import export_watch
 
         export_watch.watch(
-            run_export, settings.database, args.every, stop=export_watch.stop_on_sigterm(), report=say,
+            run_export, lambda: export_watch.file_state(settings.database), args.every,
+            stop=export_watch.stop_on_sigterm(), report=say,
             waiting=lambda: print(json.dumps({"event": "waiting", "database": str(settings.database)}), flush=True),
         )  # fmt: skip
     except export.ExportError as exc:

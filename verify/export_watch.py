@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
 Snapshot = tuple[tuple[int, int] | None, ...]
 
 
-def database_state(database: Path) -> Snapshot:
-    """What changes whenever a transaction commits: each file's (size, mtime) or None if absent."""
+def file_state(database: Path) -> Snapshot | None:
+    """A SQLite database's state: what changes whenever a transaction commits (the file's and its
+    write-ahead log's size and modification time); None while the file does not exist."""
     out: list[tuple[int, int] | None] = []
     for path in (database, database.with_name(database.name + "-wal")):
         try:
@@ -32,31 +33,32 @@ def database_state(database: Path) -> Snapshot:
             out.append(None)
         else:
             out.append((st.st_size, st.st_mtime_ns))
-    return tuple(out)
+    return None if out[0] is None else tuple(out)
 
 
 def watch(
     export: Callable[[], Any],
-    database: Path,
+    state: Callable[[], Hashable | None],
     every: float,
     *,
     stop: threading.Event,
     report: Callable[[Any], None],
     waiting: Callable[[], None],
 ) -> int:
-    """Export when the database changed, every ``every`` seconds until ``stop`` is set; returns
-    the number of exports. ``export`` raises to end the loop (the caller reports why)."""
-    last: Snapshot | None = None
+    """Export when ``state()`` changed, looking every ``every`` seconds until ``stop`` is set;
+    returns the number of exports. ``state()`` is None while there is no database yet (then
+    ``waiting`` is told once); ``export`` raises to end the loop (the caller reports why)."""
+    last: Hashable | None = None
     exports = 0
     told_waiting = False
     while not stop.is_set():
-        state = database_state(database)
-        if state[0] is None:
+        now = state()
+        if now is None:
             if not told_waiting:
                 waiting()
                 told_waiting = True
-        elif state != last:
-            last = state  # taken before the export: a commit during it is seen next period
+        elif now != last:
+            last = now  # taken before the export: a commit during it is seen next period
             report(export())
             exports += 1
         stop.wait(every)
