@@ -7,10 +7,15 @@ import json
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ale_verify import __version__
 from ale_verify.config import Settings
+
+if TYPE_CHECKING:
+    from ale.core.verify import RunnerKey
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -58,16 +63,21 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _registered_runners(settings: Settings) -> Callable[[str], RunnerKey | None] | None:
+    """The registered, active runner keys of this verifier's database; None when it has none."""
+    if not settings.database.is_file():
+        return None
+    from ale_verify.pipeline import registered_runner
+
+    return registered_runner(settings)
+
+
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The site's checks, offline: a signature must name a key registered in this verifier's
     database (when it has one) or given with --runner-public-key."""
     from ale.runner.inspect import inspect_bundle
 
-    registered = None
-    if settings.database.is_file():
-        from ale_verify.pipeline import registered_runner
-
-        registered = registered_runner(settings)
+    registered = _registered_runners(settings)
     return inspect_bundle(
         Path(args.bundle),
         Path(args.identity or settings.key_file),
@@ -83,11 +93,7 @@ def cmd_check_provenance(args: argparse.Namespace, settings: Settings) -> int:
     from ale.core.provenance import ProvenanceError
     from ale_verify import provenance
 
-    registered = None
-    if settings.database.is_file():
-        from ale_verify.pipeline import registered_runner
-
-        registered = registered_runner(settings)
+    registered = _registered_runners(settings)
     try:
         trusted = provenance.lookup(provenance.given_keys(args.runner_public_key), registered)
         report = provenance.check_files(
