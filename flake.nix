@@ -134,9 +134,11 @@
             default = ale;
             evaluator-image = image "evaluator";
             agent-base-image = image "agent-base";
+            verifier-image = image "verifier";
             # the pinned downloads alone (nix build .#evaluator-downloads fetches them)
             evaluator-downloads = downloads "evaluator";
             agent-base-downloads = downloads "agent-base";
+            verifier-downloads = downloads "verifier";
           };
           apps = rec {
             ale = { type = "app"; program = "${self.packages.${system}.ale}/bin/ale"; };
@@ -152,6 +154,7 @@
           checks = {
             evaluator-image-reproducible = reproducible "evaluator";
             agent-base-image-reproducible = reproducible "agent-base";
+            verifier-image-reproducible = reproducible "verifier";
             ale-runs = pkgs.runCommand "ale-runs" { } ''
               ${ale}/bin/ale --version > "$out"
               ${ale}/bin/ale tasks >> "$out"

@@ -193,7 +193,7 @@ def _sha_set(d: definition.Definition) -> set[str]:
     return {p.sha256 for p in d.debian.packages} | {w.sha256 for w in d.python.wheels}
 
 
-@pytest.mark.parametrize("name", ["evaluator", "agent-base"])
+@pytest.mark.parametrize("name", ["evaluator", "agent-base", "verifier"])
 def test_flake_image_package_fetches_every_pin_and_runs_the_builder(flake_outputs: dict[str, Any], name: str) -> None:
     pkg = flake_outputs["packages"][f"{name}-image"]
     assert pkg["args"]["_kind"] == "runCommand"
@@ -231,7 +231,7 @@ def test_flake_ale_package_uses_the_pinned_wheels_and_pyrage_from_source(flake_o
 
 def test_flake_checks_build_each_image_twice(flake_outputs: dict[str, Any]) -> None:
     checks = flake_outputs["checks"]
-    for name in ("evaluator", "agent-base"):
+    for name in ("evaluator", "agent-base", "verifier"):
         script = checks[f"{name}-image-reproducible"]["args"]["script"]
         assert "for run in one two" in script
         assert 'cmp "$TMPDIR/one.digest" "$TMPDIR/two.digest"' in script

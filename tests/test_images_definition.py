@@ -30,7 +30,7 @@ def _parse(text: str, name: str = "evaluator") -> definition.Definition:
 
 def test_committed_definitions_parse_and_are_pinned() -> None:
     found = definition.find(IMAGES)
-    assert set(found) == {"evaluator", "agent-base"}
+    assert set(found) == {"evaluator", "agent-base", "verifier"}
     for name, path in found.items():
         d = definition.load(path)
         assert d.name == name

@@ -378,7 +378,7 @@ def test_the_writer_needs_only_the_standard_library(tmp_path: Path) -> None:
     assert io.StringIO(r.stdout).read().startswith("mini sha256:")
 
 
-@pytest.mark.parametrize("sub", ["build", "pin", "show", "lock", "verify"])
+@pytest.mark.parametrize("sub", ["build", "pin", "show", "lock", "verify", "attest"])
 def test_every_images_subcommand_has_help_and_is_documented(sub: str) -> None:
     r = subprocess.run([sys.executable, "-m", "ale.images", sub, "--help"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -392,4 +392,4 @@ def test_docs_name_only_images_subcommands_that_exist() -> None:
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "images.md").read_text()
     named = set(re.findall(r"ale images ([a-z]+)", docs))
-    assert named <= {"build", "pin", "show", "lock", "verify"}, named
+    assert named <= {"build", "pin", "show", "lock", "verify", "attest"}, named

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 SITE = "usr/local/lib/python3.11/dist-packages"  # the evaluator's
 AGENT_SITE = "ale/python/lib/python3.11/site-packages"  # the agent contract's Python environment
-NAMES = ("agent-base", "evaluator")
+NAMES = ("agent-base", "evaluator", "verifier")
 CONTAINERS_CONF = """\
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
@@ -55,6 +55,11 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
             )
         ),
     ),
+    "verifier": tuple(
+        f"{SITE}/{p}"
+        for p in ("ale/runner/cli.py", "ale/runner/harness.py", "ale/agents", "ale/gateway", "ale/images",
+                  "ale_evaluator", "mujoco", "gymnasium", "grpc", "numpy", "deploy")
+    ),
 }  # fmt: skip
 #: Paths the image must hold.
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -67,6 +72,15 @@ REQUIRED: dict[str, tuple[str, ...]] = {
         "usr/bin/make",
         "usr/bin/cc",
         "ale/python/bin/python3",
+    ),
+    "verifier": (
+        f"{SITE}/ale_verify/cli.py",
+        f"{SITE}/ale_site/templates/board.html",
+        f"{SITE}/docs/verifier.md",
+        f"{SITE}/pyrage/__init__.py",
+        "usr/bin/caddy",
+        "usr/bin/python3.11",
+        "usr/share/ca-certificates/mozilla",
     ),
 }
 

@@ -7,10 +7,15 @@ import json
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ale_verify import __version__
 from ale_verify.config import Settings
+
+if TYPE_CHECKING:
+    from ale.core.verify import RunnerKey
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -58,18 +63,24 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _registered_runners(settings: Settings) -> Callable[[str], RunnerKey | None] | None:
+    """The registered, active runner keys of this verifier's database; None when it has none."""
+    from ale_verify import db
+
+    if not db.exists(settings.database):
+        return None
+    from ale_verify.pipeline import registered_runner
+
+    return registered_runner(settings)
+
+
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The site's checks, offline: a signature must name a key registered in this verifier's
     database (when it has one) or given with --runner-public-key."""
     from ale.runner.inspect import inspect_bundle
-    from ale_verify import db
     from ale_verify.judging import judge_keys
 
-    registered = None
-    if db.exists(settings.database):
-        from ale_verify.pipeline import registered_runner
-
-        registered = registered_runner(settings)
+    registered = _registered_runners(settings)
     return inspect_bundle(
         Path(args.bundle),
         Path(args.identity or settings.key_file),
@@ -79,6 +90,33 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
         prog="ale-verify",
         judge_keys=judge_keys(settings),
     )
+
+
+def cmd_check_provenance(args: argparse.Namespace, settings: Settings) -> int:
+    """The images' provenance statements against a lock: signed by a registered runner key."""
+    from ale.core.provenance import ProvenanceError
+    from ale_verify import provenance
+
+    registered = _registered_runners(settings)
+    try:
+        trusted = provenance.lookup(provenance.given_keys(args.runner_public_key), registered)
+        report = provenance.check_files(
+            Path(args.lock), Path(args.statements), trusted, allow_unsigned=args.allow_unsigned
+        )
+    except provenance.ProvenanceInputError as exc:
+        print(f"ale-verify: error: {exc}", file=sys.stderr)
+        return 2
+    except ProvenanceError as exc:
+        print(f"ale-verify: provenance refused ({exc.reason}): {exc.message}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"images": report}, indent=2, sort_keys=True))
+        return 0
+    for name, entry in report.items():
+        signer = entry["signed_by"]
+        by = f"signed by runner key {signer['key_id']} ({signer['kind']})" if signer else "unsigned"
+        print(f"{name} {entry['digest']}: provenance matches the lock, {by}")
+    return 0
 
 
 def cmd_create_token(args: argparse.Namespace, settings: Settings) -> int:
@@ -102,19 +140,44 @@ def cmd_export_site(args: argparse.Namespace, settings: Settings) -> int:
     from ale_verify import export
 
     docs = Path(args.docs) if args.docs else export.default_docs_dir()
-    try:
-        report = export.export_site(
+
+    def run_export() -> export.ExportReport:
+        return export.export_site(
             settings.database, Path(args.dir), docs_dir=docs, page_size=args.page_size, top_n=args.top_n,
             jobs=args.jobs,
+        )  # fmt: skip
+
+    def say(report: export.ExportReport) -> None:
+        print(json.dumps({"event": "exported", "dir": str(report.directory), "files": report.files,
+                          "pages": report.pages, "bytes": report.bytes, "submissions": report.submissions,
+                          "ranked": report.ranked, "unchanged": report.unchanged,
+                          "docs": str(docs) if docs else None}), flush=True)  # fmt: skip
+
+    try:
+        if args.every is None:
+            say(run_export())
+            return 0
+        from ale_verify import export_watch
+
+        export_watch.watch(
+            run_export, lambda: export_watch.database_state(settings.database), args.every,
+            stop=export_watch.stop_on_sigterm(), report=say,
+            waiting=lambda: print(json.dumps({"event": "waiting", "database": str(settings.database)}), flush=True),
         )  # fmt: skip
     except export.ExportError as exc:
         print(f"ale-verify: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps({"event": "exported", "dir": str(report.directory), "files": report.files,
-                      "pages": report.pages, "bytes": report.bytes, "submissions": report.submissions,
-                      "ranked": report.ranked, "unchanged": report.unchanged,
-                      "docs": str(docs) if docs else None}))  # fmt: skip
     return 0
+
+
+def _period(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds") from None
+    if not 0.1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"{raw!r}: between 0.1 and 86400 seconds")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +206,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.set_defaults(func=cmd_check)
+    prov = sub.add_parser(
+        "check-provenance", help="check the images' provenance statements against a lock (docs/images.md)"
+    )
+    prov.add_argument("--lock", required=True, help="the images lock (ale images lock)")
+    prov.add_argument(
+        "--statements", required=True, metavar="DIR", help="folder of NAME.intoto.json statements (ale images attest)"
+    )
+    prov.add_argument(
+        "--runner-public-key",
+        action="append",
+        default=[],
+        metavar="BASE64",
+        help="a runner public key to trust besides the database's registered keys (repeatable)",
+    )
+    prov.add_argument("--allow-unsigned", action="store_true", help="accept statements outside a DSSE envelope")
+    prov.add_argument("--json", action="store_true", help="print the report as JSON")
+    prov.set_defaults(func=cmd_check_provenance)
     token = sub.add_parser("create-token", help="create a local user's API token (for CI and bootstrapping)")
     token.add_argument("--user", required=True, help="user id, e.g. ci or operator:alice")
     token.add_argument("--label", default="created with ale-verify create-token")
@@ -159,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="worker processes for the submission pages (default: the CPUs, up to 8)",
+    )
+    site.add_argument(
+        "--every",
+        type=_period,
+        metavar="SECONDS",
+        help="keep running: export again whenever the database changed, looking every SECONDS (deploy/compose.yaml)",
     )
     site.set_defaults(func=cmd_export_site)
     return parser

@@ -766,6 +766,17 @@ def get_submission(where: Where, submission_id: str) -> dict[str, Any] | None:
     return {**_decode(rows[0]), "history": history}
 
 
+def change_marker(where: Where) -> tuple[int, int]:
+    """What changes whenever an upload or a level change commits: the number of submissions and
+    the last audit entry's sequence number (for watching a database that is not a file)."""
+    with connect(where) as s:
+        (row,) = s.rows(
+            "SELECT (SELECT count(*) FROM submissions) AS submissions, "
+            "(SELECT coalesce(max(seq), 0) FROM audit_log) AS audit"
+        )
+    return int(row["submissions"]), int(row["audit"])
+
+
 def ranked_submissions(where: Where) -> list[dict[str, Any]]:
     """Accepted, not revoked, for the leaderboard (the export also shows revoked rows, marked)."""
     with connect(where) as s:

@@ -1,4 +1,4 @@
-"""``ale images``: build, pin, show, lock and verify the OCI images ``images/`` defines."""
+"""``ale images``: build, pin, show, lock, verify and attest the OCI images ``images/`` defines."""
 
 from __future__ import annotations
 
@@ -126,6 +126,29 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_attest(args: argparse.Namespace) -> int:
+    """Each built image's provenance (docs/images.md, "Provenance"), signed with --key."""
+    from ale.core.canonical import canonical_json
+    from ale.core.signing import SignatureError, load_private_key
+    from ale.images.attest import AttestError
+    from ale.images.provenance import attest
+
+    source, out = _source(args), Path(args.out)
+    try:
+        key = load_private_key(Path(args.key).read_bytes()) if args.key else None
+    except (OSError, SignatureError) as exc:
+        raise ImagesCliError(f"--key {args.key}: {getattr(exc, 'strerror', None) or exc}") from None
+    for defn in _selected(source, args.images):
+        try:
+            doc = attest(defn, source, out / defn.name, key)
+        except AttestError as exc:
+            raise ImagesCliError(str(exc)) from None
+        path = out / f"{defn.name}.intoto.json"
+        path.write_bytes(canonical_json(doc) + b"\n")
+        print(f"{defn.name} {'signed' if key is not None else 'unsigned'} {path}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``ale images ...`` to the ``ale`` command's subcommands."""
     images = sub.add_parser("images", help="build and attest the evaluator and agent OCI images (docs/images.md)")
@@ -164,6 +187,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     verify.add_argument("--out", default=DEFAULT_OUT, help=f"folder of built layouts (default {DEFAULT_OUT})")
     verify.add_argument("--lock", default="images/images.lock.json", help="the lock file")
     verify.set_defaults(func=_guarded(cmd_verify))
+
+    attest = isub.add_parser(
+        "attest", help="write each built image's in-toto provenance statement (SLSA v1) beside its layout"
+    )
+    common(attest)
+    attest.add_argument("--out", default=DEFAULT_OUT, help=f"folder of built layouts (default {DEFAULT_OUT})")
+    attest.add_argument("--key", help="a runner's Ed25519 private key (PEM): sign each statement (a DSSE envelope)")
+    attest.set_defaults(func=_guarded(cmd_attest))
 
 
 def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
