@@ -258,7 +258,8 @@ def _probe_code(tcp_port: int, udp_port: int, workdir: Path) -> str:
     code = PROBE
     for key, value in subs.items():
         code = code.replace(key, value)
-    assert "__" not in re.sub(r"__[a-z]+__", "", code), "an unfilled placeholder"
+    # a placeholder is __UPPER_CASE__ (the values, a temporary folder's name for one, may hold "__")
+    assert not re.search(r"__[A-Z][A-Z0-9_]*__", code), "an unfilled placeholder"
     return code
 
 

@@ -245,12 +245,15 @@ def test_contrast_and_phone_layout(browser: Any, served: dict[str, Any]) -> None
         _load(browser, base + "index.html")
         region = browser.find_element("css selector", ".table-scroll")
         assert browser.execute_script("return arguments[0].scrollWidth > arguments[0].clientWidth", region)
-        # What ranks comes first: on a phone the first row's rank, score, pass rate and agent are
-        # on screen without scrolling the table sideways (they used to be pushed off by model and effort).
+        # What ranks comes first: on a phone the first row's rank, score and pass rate are on screen
+        # and its agent begins on it, without scrolling the table sideways (score and pass rate used
+        # to be pushed off by model and effort).
         visible = browser.execute_script(
             """const row = document.querySelector('table.board tbody tr:not(.divider)');
             const right = document.documentElement.clientWidth;
-            return [...row.children].slice(0, 4).map(c => c.getBoundingClientRect().right <= right);"""
+            const cells = [...row.children];
+            return [...cells.slice(0, 3).map(c => c.getBoundingClientRect().right <= right),
+                    cells[3].getBoundingClientRect().left < right];"""
         )
         assert visible == [True, True, True, True], visible
     finally:
