@@ -46,6 +46,7 @@ proto: install  ## regenerate ale/env/v1 from proto/ (tests fail when it is stal
 
 bench: install  ## every benchmark; each prints its ratios and writes bench/results/*.json
 	$(BIN)/python bench/evaluator_bench.py --out bench/results/evaluator.json
+	$(BIN)/python bench/view_bench.py
 	$(BIN)/python bench/harness_bench.py --out bench/results/harness.json
 	$(BIN)/python bench/verifier_bench.py --out bench/results/verifier.json
 	$(BIN)/python bench/site_bench.py

@@ -1,4 +1,5 @@
-"""Shared fixtures: an in-process evaluator on two Unix sockets, and clients for each endpoint."""
+"""Shared fixtures: an in-process evaluator on two Unix sockets, and clients for each endpoint;
+the verifier's database engines (SQLite, and a throwaway PostgreSQL cluster)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from ale_evaluator.server import RunningEvaluator, start, unix_address
 from ale_evaluator.service import EvaluatorState, Limits
 
 FIXED_CONFIG = RunConfig(run_id="test-run-0001", secret=bytes(range(32)))
+#: The verifier's database engines: every verifier test that uses the database runs on each.
+DB_ENGINES = ("sqlite", "postgresql")
 
 
 @attrs.define
@@ -111,3 +114,33 @@ def box() -> Iterator[Any]:
         yield made
     finally:
         made.close()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Any]:
+    """A PostgreSQL cluster for the session (tests/pg_cluster.py); skips without PostgreSQL or
+    psycopg (and fails in CI, tests/sandbox_tools.py)."""
+    import pg_cluster as pgc
+    from sandbox_tools import missing
+
+    reason = pgc.unavailable()
+    if reason is not None:
+        missing(reason)
+    cluster = pgc.start()
+    try:
+        yield cluster
+    finally:
+        from ale_verify import db
+
+        db.close()
+        cluster.stop()
+
+
+@pytest.fixture(scope="session", params=DB_ENGINES)
+def db_engine(request: pytest.FixtureRequest) -> Any:
+    """New databases of one engine (``.new(tmp)``): the session runs its verifier tests on each."""
+    from pg_cluster import Databases
+
+    if request.param == "sqlite":
+        return Databases("sqlite")
+    return Databases("postgresql", request.getfixturevalue("pg_cluster"))

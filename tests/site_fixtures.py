@@ -56,6 +56,13 @@ from ale.core.trajectory import EVENT_SCHEMA
 from ale.core.verify import Documents, RunnerKey
 from ale_verify import db, pipeline
 
+#: the gateway of a fixture run with token usage (network_summary.json's proxy)
+PROXY = {
+    "name": "ale-gateway",
+    "version": "0.1.0",
+    "upstreams": [{"name": "openai", "api": "openai", "host": "api.openai.com"}],
+}
+
 RELEASE, RELEASE_SHA256 = catalog.release()
 TASKS = {t.spec.ref: t.spec for t in catalog.tasks().values()}
 REFS = list(RELEASE.required_tasks)
@@ -168,6 +175,7 @@ def make_summary(
     )
     claimed = json.loads(canonical_json(score_breakdown_document(run_score, RELEASE)))
     head = _hex("head", key)
+    phases = {"agent": "none", "official": "none"} if usage is None else {"agent": "open", "official": "closed"}
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "run_id": run_id,
@@ -187,6 +195,7 @@ def make_summary(
                 "official_episodes": TASKS[o.ref].official_episodes,
                 "episodes_run": TASKS[o.ref].official_episodes,
                 "agent": {"exit_status": 0, "stopped_for": "", "wall_time_s": 1.0, "env_steps": 0, "oom_kills": 0},
+                "network": phases,
             }
             for o in outcomes
         ],
@@ -224,10 +233,11 @@ def make_summary(
     }
     network = {
         "schema": NETWORK_SCHEMA,
-        "proxy": None,  # v1 has no proxy; the row below says what a future one would show
+        "proxy": None if usage is None else PROXY,
         "policy": "fixture",
+        "phases": phases,
         "requests": {"total": 0, "allowed": 0, "denied": 0},
-        "usage": usage or {"input_tokens": 0, "output_tokens": 0},
+        "usage": {"cached_input_tokens": 0, **(usage or {"input_tokens": 0, "output_tokens": 0})},
     }
     docs = Documents(
         manifest=structure(manifest, Manifest, what="fixture manifest"),
@@ -248,8 +258,6 @@ def make_summary(
         root=_hex("root", key),
         events=200 + int(_hex("events", key)[:4], 16) % 5000,
     )
-    if usage is not None:
-        summary["network_proxy"] = {"name": "ale-llm-gateway", "version": "1.0.0"}
     return json.loads(json.dumps(summary))  # as stored: plain JSON
 
 
@@ -261,19 +269,19 @@ def submission_id(key: str) -> str:
 def fast_writes() -> Iterator[None]:
     """Fill a fixture database without an fsync per commit (``PRAGMA synchronous = OFF`` on every
     connection ``ale_verify.db`` opens meanwhile). Test data only: a crash could lose it."""
-    real = db.connect
+    real = db.SqliteEngine.session
 
     @contextlib.contextmanager
-    def connect(path: Path) -> Iterator[Any]:
-        with real(path) as conn:
+    def session(self: db.SqliteEngine, *, create: bool = False) -> Iterator[Any]:
+        with real(self, create=create) as conn:
             conn.execute("PRAGMA synchronous = OFF")
             yield conn
 
-    db.connect = connect  # type: ignore[assignment]
+    db.SqliteEngine.session = session  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:
-        db.connect = real  # type: ignore[assignment]
+        db.SqliteEngine.session = real  # type: ignore[method-assign]
 
 
 USERS = ("github:alice", "github:mallory")

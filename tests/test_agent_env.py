@@ -41,6 +41,7 @@ CLIENT_MODULES = {
     "ale.env.v1.env_pb2_grpc",
     "ale.policy",
     "ale.protocol",
+    "ale._relay",  # the relay to the gateway socket a runtime starts before the command
 }
 VERSION = f"{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -236,6 +237,47 @@ def test_an_editable_distribution_is_refused(fake_site: Path) -> None:
     (found,) = agent_env.distribution_closure({"fakei"})
     with pytest.raises(AgentEnvError, match="fakei is an editable install"):
         list(agent_env._dist_files(found))
+
+
+def test_an_agent_package_brings_its_distribution_and_what_it_requires(fake_site: Path) -> None:
+    """``--agent-package``: a named distribution (with its extras) and its requirements join the
+    client's; nothing imports it, so it is found by its name."""
+    _fake_dist(fake_site, "fakesdk", ["fakehttp>=1", 'fakeextra; extra == "fast"'], ["fakesdk/__init__.py"])
+    _fake_dist(fake_site, "fakehttp", [], ["fakehttp/__init__.py"])
+    _fake_dist(fake_site, "fakeextra", [], ["fakeextra/__init__.py"])
+    assert [d.name for d in agent_env.distribution_closure(set(), ["fakesdk"])] == ["fakehttp", "fakesdk"]
+    found = agent_env.distribution_closure(set(), ["FakeSDK[fast]"])
+    assert [d.name for d in found] == ["fakeextra", "fakehttp", "fakesdk"]
+
+
+@pytest.mark.parametrize(
+    ("package", "message"),
+    [
+        ("fakesdk==1.0", "name a distribution"),
+        ("fakesdk; python_version > '3'", "name a distribution"),
+        ("fakesdk @ https://example.invalid/x.whl", "name a distribution"),
+        ("ale-robotics", "the project itself"),
+        ("ale_verify", "the project itself"),
+        ("not a name!", "not a distribution name"),
+        ("fakenotinstalled", "'fakenotinstalled', which is not installed"),
+    ],
+)
+def test_an_agent_package_that_is_not_a_plain_installed_name_is_refused(
+    fake_site: Path, package: str, message: str
+) -> None:
+    _fake_dist(fake_site, "fakesdk", [], ["fakesdk/__init__.py"])
+    with pytest.raises(AgentEnvError, match=re.escape(message)):
+        agent_env.plan(packages=[package])
+
+
+def test_the_real_sdks_come_with_their_requirements_and_the_digest_changes() -> None:
+    """The openai and anthropic SDKs (the dev extra installs both) make an environment of their own."""
+    plain = agent_env.plan()
+    sdks = agent_env.plan(packages=["openai", "anthropic"])
+    assert {"openai", "anthropic", "pydantic", "anyio"} <= {n.split("==")[0].lower() for n in sdks.distributions}
+    assert set(plain.distributions) < set(sdks.distributions)
+    assert sdks.digest != plain.digest
+    assert "ale-robotics" not in {n.split("==")[0].lower() for n in sdks.distributions}
 
 
 def test_files_outside_site_packages_and_host_paths_stay_out(fake_site: Path) -> None:

@@ -584,8 +584,9 @@ def test_unwritable_output_folder(tmp_path: Path, where: str) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no run folder was made
 
 
-def test_evaluator_that_cannot_start_is_a_clean_run_failure(tmp_path: Path) -> None:
-    """A run folder too deep for a Unix socket path: the evaluator cannot bind, the run fails cleanly."""
+def test_a_run_folder_too_deep_for_the_evaluators_sockets_is_a_clean_run_failure(tmp_path: Path) -> None:
+    """A run folder too deep for a Unix socket path: the evaluator could not bind, so the run is
+    refused before it starts, saying which socket and what to do."""
     deep = tmp_path / ("d" * 100)
     deep.mkdir()
     env = {**os.environ, "TMPDIR": str(deep)}
@@ -594,7 +595,9 @@ def test_evaluator_that_cannot_start_is_a_clean_run_failure(tmp_path: Path) -> N
     assert "Traceback" not in proc.stderr, proc.stderr
     assert proc.returncode == 1, proc.stderr
     assert "ale: run failed, no bundle was written:" in proc.stderr
-    assert "did not become ready" in proc.stderr
+    assert "too deep for Unix sockets" in proc.stderr
+    assert "evaluator.sock would be" in proc.stderr
+    assert "use a shorter TMPDIR or --workdir" in proc.stderr
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 

@@ -14,8 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ale.core.trajectory import verify_chain
-from ale.runner.harness import AGENT_EVENT_KINDS, EvaluatorTail, _agent_sink, _channel_event, _evaluator_line
+from ale.runner.harness import AGENT_EVENT_KINDS, EvaluatorTail, _agent_sink, _channel_event
 from ale.runner.recorder import LineQueue, Recorder
+from ale.runner.tails import log_line
 
 TASK = "cartpole-balance@1.0.0"
 
@@ -94,7 +95,7 @@ def test_fuzz_evaluator_log_line_parser(lines: list[bytes]) -> None:
     run = _Run()
     tail = EvaluatorTail(Path("unused"), run.rec, TASK)
     for line in lines:
-        parsed = _evaluator_line(line.replace(b"\n", b" "))
+        parsed = log_line(line.replace(b"\n", b" "), "evaluator log line")
         assert isinstance(parsed, (str, tuple))
         for piece in tail._lines(line.replace(b"\n", b" ") + b"\n"):
             tail._record(piece)

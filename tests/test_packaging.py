@@ -13,7 +13,7 @@ SETUPTOOLS = PYPROJECT["tool"]["setuptools"]
 # What the pure core may import: the standard library's pure parts and codec libraries.
 FORBIDDEN_IN_CORE = {
     "grpc", "trio", "quart", "sqlite3", "sqlite_utils", "subprocess", "socket", "os", "shutil",
-    "pathlib", "httpx", "asyncio", "threading", "hypercorn", "tempfile", "urllib",
+    "pathlib", "httpx", "asyncio", "threading", "hypercorn", "tempfile", "urllib", "psycopg", "psycopg_pool",
 }  # fmt: skip
 
 

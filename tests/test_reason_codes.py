@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +72,9 @@ def test_openapi_enumerates_the_codes_and_levels() -> None:
 
 
 @pytest.fixture
-def database(tmp_path: Path) -> Path:
-    path = tmp_path / "v.sqlite3"
+def database(tmp_path: Path, db_engine: Any) -> Path | str:
+    """A new verifier database, on each engine (conftest.py's ``db_engine``)."""
+    path = db_engine.new(tmp_path)
     db.migrate(path)
     db.upsert_user(path, "u", "u", "local")
     return path
@@ -99,7 +99,7 @@ def _row(**over: Any) -> dict[str, Any]:
 AUDIT = {"at": 1.0, "actor": "verifier", "action": "rejected", "from_level": None, "to_level": None, "reason": "r"}
 
 
-def test_database_holds_the_enums(database: Path) -> None:
+def test_database_holds_the_enums(database: Path | str) -> None:
     with db.connect(database) as conn:
         codes = dict(conn.execute("SELECT code, uses FROM reason_codes").fetchall())
         levels = {r[0] for r in conn.execute("SELECT name FROM levels").fetchall()}
@@ -119,18 +119,18 @@ def test_database_holds_the_enums(database: Path) -> None:
     ],
     ids=["unknown-reason", "request-code", "unknown-listed-reason", "unknown-level"],
 )
-def test_database_refuses_a_code_outside_the_enum(database: Path, row: dict[str, Any]) -> None:
+def test_database_refuses_a_code_outside_the_enum(database: Path | str, row: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=r"is not a valid (Reason|Level)|needs a rejection reason"):  # in Python
         db.insert_submission(database, row, AUDIT)
     # and the database's own triggers, for a writer that bypasses insert_submission
     raw = {**row, "reasons": json.dumps(row["reasons"]), "summary": "{}"}
-    with db.connect(database) as conn, pytest.raises(sqlite3.IntegrityError, match="unknown"):
+    with db.connect(database) as conn, pytest.raises(db.Refused, match="unknown"):
         conn.execute(
             f"INSERT INTO submissions ({', '.join(raw)}) VALUES ({', '.join('?' * len(raw))})", list(raw.values())
         )
 
 
-def test_database_accepts_the_enums_and_refuses_an_unknown_level_change(database: Path) -> None:
+def test_database_accepts_the_enums_and_refuses_an_unknown_level_change(database: Path | str) -> None:
     db.insert_submission(database, _row(), AUDIT)
     accepted = _row(id="sub_2", status="accepted", reason=None, level=Level.VALIDATED, reasons=[])
     db.insert_submission(database, accepted, {**AUDIT, "action": "accepted", "to_level": Level.VALIDATED})
@@ -139,7 +139,7 @@ def test_database_accepts_the_enums_and_refuses_an_unknown_level_change(database
         db.change_level(
             database, "sub_2", actor="op", action="x", to_level="gold", reason="r", allowed_from=("validated",)
         )
-    with db.connect(database) as conn, pytest.raises(sqlite3.IntegrityError, match="unknown"):
+    with db.connect(database) as conn, pytest.raises(db.Refused, match="unknown"):
         conn.execute("UPDATE submissions SET level = 'gold' WHERE id = 'sub_2'")
 
 

@@ -9,7 +9,14 @@ import pytest
 
 from ale.runner import agent_env, sandbox
 from ale.runner.agent_env import AgentEnv, Interpreter
-from ale.runner.runtime import Network, SandboxSpec, sandbox_path
+from ale.runner.runtime import (
+    GATEWAY_PORT,
+    GATEWAY_SOCKET_PATH,
+    Network,
+    SandboxSpec,
+    gateway_attachment_env,
+    sandbox_path,
+)
 from ale.runner.sandbox import bwrap_argv
 
 INTERPRETER = Interpreter(
@@ -153,9 +160,32 @@ def test_the_cgroup_entry_writes_its_pid_then_execs(tmp_path: Path) -> None:
     assert bad.returncode == 125  # cannot enter: does not run the command
 
 
-def test_bwrap_argv_gives_a_fresh_network_namespace_and_refuses_a_gateway(tmp_path: Path) -> None:
-    """Network.NONE is --unshare-net; the local sandbox has no gateway attachment, so no argv for one."""
-    assert "--unshare-net" in bwrap_argv(_spec(tmp_path), as_root=True)
+def test_bwrap_argv_gives_a_fresh_network_namespace_with_or_without_the_gateway(tmp_path: Path) -> None:
+    """Network.NONE is --unshare-net and nothing else; GATEWAY adds the socket's mount, the relay
+    before the command (after the uid drop, so it runs unprivileged) and the two attachment variables."""
+    plain = bwrap_argv(_spec(tmp_path), as_root=True)
+    assert "--unshare-net" in plain
+    assert GATEWAY_SOCKET_PATH not in plain
+    assert "ale._relay" not in plain
+    assert plain[-1] == "true"
     gateway = attrs.evolve(_spec(tmp_path), network=Network.GATEWAY, gateway_socket=tmp_path / "gw.sock")
-    with pytest.raises(ValueError, match="'gateway' network attachment"):
-        bwrap_argv(gateway, as_root=True)
+    argv = bwrap_argv(gateway, as_root=True)
+    assert "--unshare-net" in argv
+    assert "--share-net" not in argv
+    mount = argv.index(GATEWAY_SOCKET_PATH)
+    assert argv[mount - 2 : mount + 1] == ["--bind", str(tmp_path / "gw.sock"), GATEWAY_SOCKET_PATH]
+    relay = [f"{agent_env.MOUNT_POINT}/bin/python3", "-I", "-m", "ale._relay", str(GATEWAY_PORT), GATEWAY_SOCKET_PATH]
+    assert argv[-8:] == [*relay, "--", "true"]
+    assert argv.index("--no-new-privs") < argv.index("ale._relay")
+    env = {argv[i + 1]: argv[i + 2] for i, a in enumerate(argv) if a == "--setenv"}
+    assert env == {"PATH": "/usr/bin", **gateway_attachment_env()}
+
+
+def test_bwrap_argv_refuses_an_attachment_it_lacks(tmp_path: Path) -> None:
+    class Other:
+        value = "vpn"
+
+    odd = attrs.evolve(_spec(tmp_path), network=Network.GATEWAY, gateway_socket=tmp_path / "gw.sock")
+    object.__setattr__(odd, "network", Other())
+    with pytest.raises(ValueError, match="'vpn' network attachment"):
+        bwrap_argv(odd, as_root=True)

@@ -28,8 +28,8 @@ EXAMPLES = 40
 
 
 @pytest.fixture(scope="session")
-def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> h.World:
-    return h.get_world(tmp_path_factory, request.config)
+def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, db_engine: h.Databases) -> h.World:
+    return h.get_world(tmp_path_factory, request.config, db_engine)
 
 
 # -- the document --------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ import base64
 import hashlib
 import hmac
 import json
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -33,8 +32,8 @@ KEY = "A" * 43 + "="  # base64 of 32 zero bytes: a well-formed Ed25519 public ke
 
 
 @pytest.fixture(scope="session")
-def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> h.World:
-    return h.get_world(tmp_path_factory, request.config)
+def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, db_engine: h.Databases) -> h.World:
+    return h.get_world(tmp_path_factory, request.config, db_engine)
 
 
 @attrs.frozen
@@ -90,11 +89,7 @@ def _error(reply: h.Reply, status: int, reason: str) -> str:
 
 
 def _submission_count(v: h.Verifier) -> int:
-    conn = sqlite3.connect(v.settings.database)
-    try:
-        return int(conn.execute("SELECT COUNT(*) FROM submissions").fetchone()[0])
-    finally:
-        conn.close()
+    return h.count(v.settings.database, "submissions")
 
 
 def _each_endpoint(world: h.World, tmp: Path, body: bytes, status: int, reason: str, says: str = "") -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-import sqlite3
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,8 +23,8 @@ CLIENT_SECRET = "fake-client-secret-" + secrets.token_hex(8)
 
 
 @pytest.fixture(scope="session")
-def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> h.World:
-    return h.get_world(tmp_path_factory, request.config)
+def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, db_engine: h.Databases) -> h.World:
+    return h.get_world(tmp_path_factory, request.config, db_engine)
 
 
 @attrs.define
@@ -214,11 +213,7 @@ def test_login_session_api_token(world: h.World, tmp_path: Path, fake: FakeGitHu
         forbidden = await v.get("/api/v1/operator/runner-keys")  # nor is the session
         assert (forbidden.status, forbidden.reason) == (403, "forbidden")
         # only the token's hash is stored
-        conn = sqlite3.connect(v.settings.database)
-        try:
-            dump = "\n".join(conn.iterdump())
-        finally:
-            conn.close()
+        dump = h.dump(v.settings.database)
         assert token not in dump
         assert token[4:] not in dump
         _check_no_client_secret(v)

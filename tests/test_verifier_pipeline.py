@@ -34,8 +34,8 @@ from ale_verify.pipeline import process_upload
 
 
 @pytest.fixture(scope="session")
-def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> h.World:
-    return h.get_world(tmp_path_factory, request.config)
+def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, db_engine: h.Databases) -> h.World:
+    return h.get_world(tmp_path_factory, request.config, db_engine)
 
 
 @pytest.fixture(scope="session")
@@ -271,6 +271,7 @@ def _add_task(doc: dict[str, Any]) -> None:
             "official_episodes": s.official_episodes,
             "episodes_run": 2,
             "agent": doc["tasks"][0]["agent"],
+            "network": doc["tasks"][0]["network"],
         }
     )
 

@@ -151,8 +151,8 @@ def test_processes_must_be_positive() -> None:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> h.World:
-    return h.get_world(tmp_path_factory, request.config)
+def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, db_engine: h.Databases) -> h.World:
+    return h.get_world(tmp_path_factory, request.config, db_engine)
 
 
 def test_served_pipeline_with_workers_accepts_a_real_bundle(world: h.World, tmp_path: Path) -> None:

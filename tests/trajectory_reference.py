@@ -14,7 +14,7 @@ import hashlib
 import re
 from typing import Any
 
-from ale.core import grammar
+from ale.core import grammar, network
 from ale.core.canonical import CanonicalError, canonical_json
 from ale.core.parse import JsonLimitError, ParseError, parse_json
 from ale.core.trajectory import (
@@ -142,7 +142,13 @@ def reference_verify(
     if check_nonce and nonce != expected_nonce:
         raise ChainError("nonce_mismatch", 1, "nonce")
     run_id = first["data"].get("run_id")
+    totals = network.tally((e["producer"], e["kind"], e["data"]) for e in events)
+    gateways = tuple(
+        e["data"].get("upstreams")
+        for e in events
+        if (e["producer"], e["kind"]) == ("trusted_network_proxy", "gateway_started")
+    )
     return ChainSummary(
         head, len(events), nonce, per_producer, kinds, first["wall_time"], events[-1]["wall_time"],
-        run_id if isinstance(run_id, str) else None, eval_results,
+        run_id if isinstance(run_id, str) else None, eval_results, totals, gateways,
     )  # fmt: skip

@@ -9,6 +9,9 @@
   per-file SHA-256, the Merkle root, the signature) so that exactly one check is left to fail.
 * :class:`Verifier` wraps an in-process app (``create_app``) and Quart's test client, checks every
   response for the site's secrets, and knows whether the service is still healthy and clean.
+* Each world makes its databases with one engine (``get_world(..., db_engine)``, conftest.py's
+  ``db_engine``: SQLite or PostgreSQL); :func:`raw_connect`, :func:`dump` and :func:`count` read
+  either engine's database with its own driver, past the verifier's code.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import hashlib
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,6 +37,7 @@ import attrs
 import httpx
 import pyrage
 import zstandard
+from pg_cluster import Databases
 
 from ale.core import bundle
 from ale.core.canonical import canonical_json
@@ -68,7 +73,11 @@ def free_port() -> int:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALE_", "GITHUB_", "KEEP_SUBMISSION"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("ALE_", "GITHUB_", "KEEP_SUBMISSION")) and k != "DATABASE_URL"
+    }
     env.update(extra)
     return env
 
@@ -179,6 +188,14 @@ class LiveServer:
     def log(self) -> bytes:
         return self.log_path.read_bytes()
 
+    def wait_healthy(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError(f"the live server did not start:\n{self.log_path.read_text(errors='replace')}")
+            time.sleep(0.1)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -189,17 +206,22 @@ class LiveServer:
                 self.proc.wait()
 
 
-def start_live_server(keys: SiteKeys, root: Path, *, operators: str = OPERATOR) -> LiveServer:
+def start_live_server(
+    keys: SiteKeys, root: Path, *, operators: str = OPERATOR, name: str = "live", wait: bool = True, **env_extra: str
+) -> LiveServer:
+    """``ale-verify serve`` on a free port (``env_extra``: more environment, e.g. ``DATABASE_URL``);
+    with ``wait``, once it answers /healthz (else :meth:`LiveServer.wait_healthy`)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = _env(
         ALE_VERIFY_DATA=str(keys.data_dir),
-        ALE_VERIFY_TMP=str(root / "live-tmp"),
+        ALE_VERIFY_TMP=str(root / f"{name}-tmp"),
         ALE_VERIFY_OPERATORS=operators,
         ALE_VERIFY_PUBLIC_URL=url,
+        **env_extra,
     )
     settings = Settings.from_env(env)
-    log_path = root / "live-server.log"
+    log_path = root / f"{name}-server.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [*VERIFY_CLI, "serve", "--bind", f"127.0.0.1:{port}", "--access-log"],
@@ -209,12 +231,8 @@ def start_live_server(keys: SiteKeys, root: Path, *, operators: str = OPERATOR) 
             stderr=subprocess.STDOUT,
         )
     server = LiveServer(url, proc, log_path, settings)
-    deadline = time.monotonic() + 60
-    while not server.healthy():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise AssertionError(f"the live server did not start:\n{log_path.read_text(errors='replace')}")
-        time.sleep(0.1)
+    if wait:
+        server.wait_healthy()
     return server
 
 
@@ -229,13 +247,14 @@ class World:
     runner_pem: Path
     runner_public: str
     runner_key_id: str
-    _bundles: dict[str, bytes] | None = None
+    databases: Databases = attrs.field(factory=lambda: Databases("sqlite"))
+    _cache: dict[str, Any] = attrs.Factory(dict)  # shared by the worlds of each engine (attrs.evolve)
     _logs: dict[str, str] = attrs.Factory(dict)
 
     def settings(self, tmp: Path, **overrides: Any) -> Settings:
-        """Settings for an in-process app with the site's keys and its own database."""
+        """Settings for an in-process app with the site's keys and its own, new database."""
         base: dict[str, Any] = {
-            "database": tmp / "verifier.sqlite3",
+            "database": self.databases.new(tmp),
             "key_file": self.keys.key_file,
             "signing_key_file": self.keys.signing_key_file,
             "tmp_dir": tmp / "upload-tmp",
@@ -248,9 +267,10 @@ class World:
     @property
     def bundles(self) -> dict[str, bytes]:
         """Ciphertexts of the real runs: plain (no site, --episodes 2), site (challenge), signed."""
-        if self._bundles is None:
-            self._bundles = self._make_bundles()
-        return self._bundles
+        if "bundles" not in self._cache:
+            self._cache["bundles"] = self._make_bundles()
+        made: dict[str, bytes] = self._cache["bundles"]
+        return made
 
     def files(self, name: str) -> dict[str, bytes]:
         return bundle.unpack(self.bundles[name], self.keys.identity)
@@ -303,11 +323,16 @@ class World:
 _WORLD: World | None = None
 
 
-def get_world(tmp_path_factory: Any, config: Any) -> World:
-    """The session's world, built once however many test modules ask for it."""
+def get_world(tmp_path_factory: Any, config: Any, databases: Databases | None = None) -> World:
+    """The session's world, built once however many test modules ask for it; with ``databases``
+    (conftest.py's ``db_engine``), the same world making its databases with that engine."""
     global _WORLD
-    if _WORLD is not None:
-        return _WORLD
+    if _WORLD is None:
+        _WORLD = _make_world(tmp_path_factory, config)
+    return _WORLD if databases is None else attrs.evolve(_WORLD, databases=databases)
+
+
+def _make_world(tmp_path_factory: Any, config: Any) -> World:
     root = Path(tmp_path_factory.mktemp("verifier-world"))
     keys = keygen(root / "site")
     live = start_live_server(keys, root)
@@ -328,8 +353,59 @@ def get_world(tmp_path_factory: Any, config: Any) -> World:
     )
     assert reply.status_code == 201, reply.text
     assert reply.json() == {"key_id": key_id}
-    _WORLD = World(root, keys, live, runner_pem, public, key_id)
-    return _WORLD
+    return World(root, keys, live, runner_pem, public, key_id)
+
+
+# -- either engine's database, past the verifier's code ------------------------------------------
+
+
+@contextlib.contextmanager
+def raw_connect(database: Any) -> Iterator[Any]:
+    """The engine's own driver (sqlite3 or psycopg), autocommit, on a verifier's database."""
+    where = db.location(database)
+    if isinstance(where, db.SqliteUrl):
+        conn = sqlite3.connect(where.path, isolation_level=None)
+        try:
+            yield conn
+        finally:
+            conn.close()
+        return
+    import psycopg
+
+    with psycopg.connect(where.url, autocommit=True) as pg:
+        yield pg
+
+
+#: What the drivers raise when the database refuses a statement (a trigger, a constraint).
+def driver_errors() -> tuple[type[BaseException], ...]:
+    try:
+        import psycopg
+    except ImportError:
+        return (sqlite3.DatabaseError,)
+    return (sqlite3.DatabaseError, psycopg.Error)
+
+
+def tables(database: Any) -> list[str]:
+    with raw_connect(database) as conn:
+        if isinstance(db.location(database), db.SqliteUrl):
+            query = "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        else:
+            query = "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+        return sorted(row[0] for row in conn.execute(query).fetchall())
+
+
+def dump(database: Any) -> str:
+    """Every row of every table, as text (to search for what must not be stored)."""
+    lines = []
+    with raw_connect(database) as conn:
+        for table in tables(database):
+            lines += [f"{table}: {row!r}" for row in conn.execute(f"SELECT * FROM {table}").fetchall()]
+    return "\n".join(lines)
+
+
+def count(database: Any, table: str) -> int:
+    with raw_connect(database) as conn:
+        return int(conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
 
 # -- editing a bundle's files ---------------------------------------------------------------------

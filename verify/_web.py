@@ -64,7 +64,7 @@ def error_response(status: int, reason: str, message: str) -> Response:
 
 
 async def run_db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Blocking work (SQLite, decryption, checks) in a thread, off the event loop."""
+    """Blocking work (the database, decryption, checks) in a thread, off the event loop."""
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 

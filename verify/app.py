@@ -1,4 +1,4 @@
-"""The verifier's HTTP API (Quart). Blocking work (SQLite, decryption, checks) runs in threads.
+"""The verifier's HTTP API (Quart). Blocking work (the database, decryption, checks) runs in threads.
 
 Errors are JSON: ``{"error": {"reason": "<stable code>", "message": "..."}}``. The routes are
 blueprints, one module each (``_routes_public``, ``_routes_submissions``, ``_routes_operator``,
@@ -51,6 +51,8 @@ def create_app(settings: Settings) -> Quart:
     app.url_value_preprocessor(check_path_ids)
     app.before_serving(_start_workers)
     app.after_serving(_stop_workers)
+    app.register_error_handler(db.Unavailable, _database_unavailable)
+    app.register_error_handler(db.Unstorable, _unstorable)
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _bug)
@@ -64,9 +66,21 @@ async def _start_workers() -> None:
 
 
 async def _stop_workers() -> None:
-    workers = state().workers
-    if workers is not None:
-        await asyncio.to_thread(workers.close)
+    s = state()
+    if s.workers is not None:
+        await asyncio.to_thread(s.workers.close)
+    await asyncio.to_thread(db.close, s.settings.database)
+
+
+async def _database_unavailable(exc: db.Unavailable) -> Response:
+    log.error("%s", exc)  # the operator's detail; the client is told only that it is unavailable
+    response = error_response(503, "database_unavailable", "the database is unavailable; try again later")
+    response.headers["Retry-After"] = str(int(db.WAIT_S))
+    return response
+
+
+async def _unstorable(exc: db.Unstorable) -> Response:
+    return error_response(400, "bad_request", str(exc))
 
 
 async def _api_error(exc: ApiError) -> Response:

@@ -39,6 +39,8 @@ JSON_MEDIA_TYPE = "application/json"
 def _text(_instance: Any, attribute: attrs.Attribute[str], value: str) -> None:
     if not value.strip() or len(value) > MAX_TEXT:
         raise ValueError(f"{attribute.name} must be a non-empty string (at most {MAX_TEXT} characters)")
+    if "\x00" in value:  # no engine's text holds it the same way (PostgreSQL refuses it): ale_verify.db
+        raise ValueError(f"{attribute.name} must not contain a NUL character")
 
 
 def _kind(_instance: Any, attribute: attrs.Attribute[str], value: str) -> None:

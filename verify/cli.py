@@ -62,9 +62,10 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     """The site's checks, offline: a signature must name a key registered in this verifier's
     database (when it has one) or given with --runner-public-key."""
     from ale.runner.inspect import inspect_bundle
+    from ale_verify import db
 
     registered = None
-    if settings.database.is_file():
+    if db.exists(settings.database):
         from ale_verify.pipeline import registered_runner
 
         registered = registered_runner(settings)
@@ -118,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ale-verify",
         description="The ALE Robotics verifier. Configuration comes from the environment "
-        "(ALE_VERIFY_DATA, ALE_VERIFY_DATABASE, ALE_VERIFY_KEY_FILE, KEEP_SUBMISSION_BUNDLES, ...; docs/verifier.md).",
+        "(ALE_VERIFY_DATA, DATABASE_URL, ALE_VERIFY_KEY_FILE, KEEP_SUBMISSION_BUNDLES, ...; docs/verifier.md).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,13 +163,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ale_verify import db
+
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
     except ValueError as exc:
         print(f"ale-verify: error: {exc}", file=sys.stderr)
         return 2
-    return int(args.func(args, settings))
+    try:
+        return int(args.func(args, settings))
+    except db.Unavailable as exc:  # one line, never a traceback, never a password
+        print(f"ale-verify: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import attrs
 
+from ale_verify import db
+
 
 def _bool(value: str | None, default: bool) -> bool:
     if value is None:
@@ -30,9 +32,21 @@ def _non_negative(value: int, name: str) -> int:
     return value
 
 
+def _database(env: dict[str, str], data: Path) -> db.Location:
+    """``DATABASE_URL`` (SQLite or PostgreSQL), else ``ALE_VERIFY_DATABASE`` (a SQLite file), else
+    ``$ALE_VERIFY_DATA/verifier.sqlite3``; both set is a mistake, said at once."""
+    url, path = env.get("DATABASE_URL"), env.get("ALE_VERIFY_DATABASE")
+    if url is not None and path is not None:
+        raise ValueError("set DATABASE_URL or ALE_VERIFY_DATABASE, not both")
+    if url is not None:
+        return db.location(url.strip())
+    return db.location(Path(path)) if path is not None else db.default_location(data)
+
+
 @attrs.frozen(repr=False)
 class Settings:
-    database: Path
+    #: a SQLite file (a Path is one) or a PostgreSQL database: ale_verify.db.location
+    database: db.Location = attrs.field(converter=db.location)
     key_file: Path  # the site's age identity (private)
     signing_key_file: Path  # HMAC key for challenge tokens and sessions (private)
     tmp_dir: Path
@@ -69,7 +83,7 @@ class Settings:
             return _int(env, name, default)
 
         return cls(
-            database=Path(g("ALE_VERIFY_DATABASE", str(data / "verifier.sqlite3"))),
+            database=_database(env, data),
             key_file=Path(g("ALE_VERIFY_KEY_FILE", str(data / "site-identity.txt"))),
             signing_key_file=Path(g("ALE_VERIFY_SIGNING_KEY_FILE", str(data / "signing-key.bin"))),
             tmp_dir=Path(g("ALE_VERIFY_TMP", str(data / "tmp"))),

@@ -1,8 +1,15 @@
-"""All database access of the verifier: SQLite through sqlite-utils, WAL, numbered migrations.
+"""All database access of the verifier: one set of queries on SQLite (WAL) or PostgreSQL.
 
-Every function here is blocking and opens its own connection, so callers run it in a worker
-thread (``await run_db(fn, ...)``); no other module touches SQL. Another engine can replace this
-module behind the same functions.
+``DATABASE_URL`` chooses the engine (:func:`location`): ``sqlite:///PATH`` (or a plain path)
+for SQLite, a connection per call, in WAL mode; ``postgresql://...`` for PostgreSQL through
+psycopg 3, one connection pool per process and database. The queries are written once, in the
+SQL both engines share, with ``?`` parameters (the PostgreSQL engine writes them as ``%s``).
+Each numbered migration is written once per engine with the same intent; the tests hold the
+two schemas to each other (tests/test_verifier_postgres.py).
+
+Every function here is blocking, so callers run it in a worker thread (``await run_db(fn,
+...)``); no other module touches SQL. A database that cannot be reached or used raises
+:class:`Unavailable` (the API's 503), whatever the engine.
 """
 
 from __future__ import annotations
@@ -11,48 +18,43 @@ import hashlib
 import json
 import secrets
 import sqlite3
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-import sqlite_utils
+import attrs
 
 from ale.core.reasons import REASONS, Level, Reason, Use
+
+if TYPE_CHECKING:
+    import psycopg_pool
 
 LEVELS = tuple(level.value for level in Level)
 RUNNER_KINDS = ("benchmark_team", "approved_third_party", "hardware_attested", "official_rerun")
 
-MIGRATIONS: list[str] = [
-    # 1: the initial schema
-    """
-    CREATE TABLE users (
-        id TEXT PRIMARY KEY,
-        display_name TEXT NOT NULL,
-        source TEXT NOT NULL,
-        created_at REAL NOT NULL
-    );
-    CREATE TABLE api_tokens (
-        token_sha256 TEXT PRIMARY KEY,
-        user_id TEXT NOT NULL REFERENCES users(id),
-        label TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        revoked_at REAL
-    );
-    CREATE TABLE challenges (
-        id TEXT PRIMARY KEY,
-        user_id TEXT NOT NULL REFERENCES users(id),
-        nonce TEXT NOT NULL UNIQUE,
-        issued_at REAL NOT NULL,
-        expires_at REAL NOT NULL,
-        used_at REAL,
-        used_by_submission TEXT
-    );
+#: PostgreSQL: connections one process keeps at most, and how long a request waits for one
+#: (or for the server, when connecting) before it is answered 503.
+POOL_MAX = 10
+WAIT_S = 5.0
+
+
+@attrs.frozen
+class Migration:
+    """One numbered step of the schema, written for each engine with the same intent."""
+
+    sqlite: str
+    postgresql: str
+
+
+_SUBMISSIONS_DDL = """
     CREATE TABLE submissions (
         id TEXT PRIMARY KEY,
         user_id TEXT NOT NULL REFERENCES users(id),
-        received_at REAL NOT NULL,
+        received_at {real} NOT NULL,
         ciphertext_sha256 TEXT NOT NULL,
         status TEXT NOT NULL CHECK (status IN ('accepted', 'rejected')),
         level TEXT CHECK (level IS NULL OR level IN
@@ -63,39 +65,95 @@ MIGRATIONS: list[str] = [
         summary TEXT NOT NULL
     );
     CREATE INDEX submissions_by_level ON submissions(status, level);
+"""
+
+# Migration 1's tables, the same on both engines but for two types: SQLite's REAL and
+# INTEGER PRIMARY KEY AUTOINCREMENT are PostgreSQL's DOUBLE PRECISION and an identity column.
+_TABLES_1 = (
+    """
+    CREATE TABLE users (
+        id TEXT PRIMARY KEY,
+        display_name TEXT NOT NULL,
+        source TEXT NOT NULL,
+        created_at {real} NOT NULL
+    );
+    CREATE TABLE api_tokens (
+        token_sha256 TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL REFERENCES users(id),
+        label TEXT NOT NULL,
+        created_at {real} NOT NULL,
+        revoked_at {real}
+    );
+    CREATE TABLE challenges (
+        id TEXT PRIMARY KEY,
+        user_id TEXT NOT NULL REFERENCES users(id),
+        nonce TEXT NOT NULL UNIQUE,
+        issued_at {real} NOT NULL,
+        expires_at {real} NOT NULL,
+        used_at {real},
+        used_by_submission TEXT
+    );
+    """
+    + _SUBMISSIONS_DDL
+    + """
     CREATE TABLE audit_log (
-        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        seq {serial},
         submission_id TEXT NOT NULL,
-        at REAL NOT NULL,
+        at {real} NOT NULL,
         actor TEXT NOT NULL,
         action TEXT NOT NULL,
         from_level TEXT,
         to_level TEXT,
         reason TEXT NOT NULL
     );
-    CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
-        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
-    CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
-        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
     CREATE TABLE runner_keys (
         key_id TEXT PRIMARY KEY,
         public_key TEXT NOT NULL UNIQUE,
         kind TEXT NOT NULL CHECK (kind IN
             ('benchmark_team', 'approved_third_party', 'hardware_attested', 'official_rerun')),
         label TEXT NOT NULL,
-        registered_at REAL NOT NULL,
+        registered_at {real} NOT NULL,
         registered_by TEXT NOT NULL,
-        retired_at REAL
+        retired_at {real}
     );
     CREATE TABLE rate_events (
         user_id TEXT NOT NULL,
         action TEXT NOT NULL,
-        at REAL NOT NULL
+        at {real} NOT NULL
     );
     CREATE INDEX rate_events_by_user ON rate_events(user_id, action, at);
-    """,
-    # 2: the vocabulary (ale.core.reasons, loaded by migrate()) and triggers that hold every row to it
     """
+)
+
+MIGRATIONS: list[Migration] = [
+    # 1: the initial schema; the audit log refuses UPDATE and DELETE (PostgreSQL: and TRUNCATE,
+    # which SQLite does not have)
+    Migration(
+        sqlite=_TABLES_1.format(real="REAL", serial="INTEGER PRIMARY KEY AUTOINCREMENT")
+        + """
+    CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+        BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END;
+    """,
+        postgresql=_TABLES_1.format(
+            real="DOUBLE PRECISION", serial="BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"
+        )
+        + """
+    CREATE FUNCTION audit_log_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'the audit log is append-only' USING ERRCODE = 'integrity_constraint_violation'; END
+    $$;
+    CREATE TRIGGER audit_log_no_update BEFORE UPDATE ON audit_log
+        FOR EACH ROW EXECUTE FUNCTION audit_log_append_only();
+    CREATE TRIGGER audit_log_no_delete BEFORE DELETE ON audit_log
+        FOR EACH ROW EXECUTE FUNCTION audit_log_append_only();
+    CREATE TRIGGER audit_log_no_truncate BEFORE TRUNCATE ON audit_log
+        FOR EACH STATEMENT EXECUTE FUNCTION audit_log_append_only();
+    """,
+    ),
+    # 2: the vocabulary (ale.core.reasons, loaded by migrate()) and triggers that hold every row to it
+    Migration(
+        sqlite="""
     CREATE TABLE reason_codes (
         code TEXT PRIMARY KEY,
         uses TEXT NOT NULL
@@ -119,6 +177,45 @@ MIGRATIONS: list[str] = [
           OR (NEW.to_level IS NOT NULL AND NOT EXISTS (SELECT 1 FROM levels WHERE name = NEW.to_level))
         BEGIN SELECT RAISE(ABORT, 'unknown level'); END;
     """,
+        # PostgreSQL's trigger conditions cannot hold subqueries: the same tests are in the functions.
+        postgresql="""
+    CREATE TABLE reason_codes (
+        code TEXT PRIMARY KEY,
+        uses TEXT NOT NULL
+    );
+    CREATE TABLE levels (name TEXT PRIMARY KEY);
+    CREATE FUNCTION submissions_known_codes() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF (NEW.reason IS NOT NULL AND NOT EXISTS
+                (SELECT 1 FROM reason_codes WHERE code = NEW.reason AND strpos(uses, 'rejection') > 0))
+          OR (NEW.level IS NOT NULL AND NOT EXISTS (SELECT 1 FROM levels WHERE name = NEW.level))
+          OR (TG_OP = 'INSERT' AND EXISTS (SELECT 1 FROM json_array_elements(NEW.reasons::json) AS r(value)
+                WHERE r.value ->> 'reason' NOT IN (SELECT code FROM reason_codes
+                    WHERE strpos(uses, 'rejection') > 0 OR strpos(uses, 'note') > 0)))
+        THEN
+            RAISE EXCEPTION 'unknown reason code or level' USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        RETURN NEW;
+    END
+    $$;
+    CREATE TRIGGER submissions_known_codes_insert BEFORE INSERT ON submissions
+        FOR EACH ROW EXECUTE FUNCTION submissions_known_codes();
+    CREATE TRIGGER submissions_known_codes_update BEFORE UPDATE OF reason, level, reasons ON submissions
+        FOR EACH ROW EXECUTE FUNCTION submissions_known_codes();
+    CREATE FUNCTION audit_log_known_levels() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF (NEW.from_level IS NOT NULL AND NOT EXISTS (SELECT 1 FROM levels WHERE name = NEW.from_level))
+          OR (NEW.to_level IS NOT NULL AND NOT EXISTS (SELECT 1 FROM levels WHERE name = NEW.to_level))
+        THEN
+            RAISE EXCEPTION 'unknown level' USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        RETURN NEW;
+    END
+    $$;
+    CREATE TRIGGER audit_log_known_levels BEFORE INSERT ON audit_log
+        FOR EACH ROW EXECUTE FUNCTION audit_log_known_levels();
+    """,
+    ),
 ]
 
 
@@ -126,52 +223,399 @@ class Conflict(Exception):
     """A state change that is not allowed (e.g. a challenge already used)."""
 
 
-@contextmanager
-def connect(path: Path) -> Iterator[sqlite_utils.Database]:
-    conn = sqlite3.connect(path, timeout=30, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 30000")
-    conn.execute("PRAGMA foreign_keys = ON")
+class Refused(Exception):
+    """The database refused a row (a constraint or trigger: a wrong code, the append-only log)."""
+
+
+class Unavailable(Exception):
+    """The database cannot be reached or used now (HTTP 503); the message has no secret in it."""
+
+
+class Unstorable(ValueError):
+    """A text that one of the engines cannot store (a NUL character): refused on both."""
+
+
+# -- where the database is ---------------------------------------------------------------------
+
+
+@attrs.frozen
+class SqliteUrl:
+    """A SQLite database file."""
+
+    path: Path
+
+    def __str__(self) -> str:
+        return f"sqlite:///{self.path}"
+
+
+@attrs.frozen(repr=False)
+class PostgresUrl:
+    """A PostgreSQL database (a libpq connection URL; the password, if any, is never printed)."""
+
+    url: str
+
+    def __str__(self) -> str:
+        """``postgresql://user[:***]@host[:port]/dbname``: what names the database, nothing else."""
+        from psycopg.conninfo import conninfo_to_dict
+
+        p = {k: str(v) for k, v in conninfo_to_dict(self.url).items()}
+        user = p.get("user", "") + (":***" if p.get("password") else "")
+        port = f":{p['port']}" if p.get("port") else ""
+        return f"postgresql://{user}{'@' if user else ''}{p.get('host', '')}{port}/{p.get('dbname', '')}"
+
+    __repr__ = __str__
+
+
+Location = SqliteUrl | PostgresUrl
+#: What every function here takes: a location, or a path (a SQLite file), or a URL.
+Where = SqliteUrl | PostgresUrl | Path | str
+SCHEMES = ("sqlite", "postgresql", "postgres")
+MAX_URL = 4096
+
+
+def location(value: Where) -> Location:
+    """``sqlite:///PATH`` (relative; ``sqlite:////abs`` is absolute, as SQLAlchemy spells it), a
+    :class:`~pathlib.Path`, or ``postgresql://`` / ``postgres://`` with libpq's URL syntax.
+    Anything else is a :class:`ValueError` that says what is accepted."""
+    if isinstance(value, SqliteUrl | PostgresUrl):
+        return value
+    if isinstance(value, Path):
+        return SqliteUrl(value)
+    if len(value) > MAX_URL or "\x00" in value:
+        raise ValueError(f"DATABASE_URL is at most {MAX_URL} characters, without NUL")
+    scheme, sep, rest = value.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in SCHEMES:
+        raise ValueError("DATABASE_URL must be sqlite:///PATH or postgresql://[user[:password]@][host][:port]/dbname")
+    if scheme == "sqlite":
+        return _sqlite_url(rest)
+    return _postgres_url(value)
+
+
+def _sqlite_url(rest: str) -> SqliteUrl:
+    if not rest.startswith("/") or rest == "/" or "?" in rest or "#" in rest:
+        raise ValueError("a SQLite DATABASE_URL is sqlite:///PATH (sqlite:////PATH for an absolute path), no query")
+    return SqliteUrl(Path(unquote(rest[1:])))
+
+
+def _postgres_url(value: str) -> PostgresUrl:
     try:
-        yield sqlite_utils.Database(conn)
-    finally:
-        conn.close()
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:
+        raise ValueError(
+            "DATABASE_URL names PostgreSQL, but psycopg is not installed: pip install 'ale-robotics[postgresql]'"
+        ) from None
+    import psycopg
+
+    try:
+        params = conninfo_to_dict(value)
+    except (psycopg.Error, ValueError) as exc:  # ValueError: percent-escapes that are not UTF-8
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"DATABASE_URL is not a valid PostgreSQL URL: {_redact(detail, value)}") from None
+    for port in str(params.get("port") or "").split(","):  # libpq checks it only when it connects
+        if port and not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError("DATABASE_URL's port must be a number from 1 to 65535")
+    return PostgresUrl(value)
 
 
-def migrate(path: Path) -> int:
-    """Create or upgrade the database; return its schema version."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with connect(path) as db:
-        db.execute("PRAGMA journal_mode = WAL")
-        db.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at REAL)")
-        done = {row[0] for row in db.execute("SELECT version FROM schema_migrations").fetchall()}
-        for version, script in enumerate(MIGRATIONS, start=1):
-            if version in done:
-                continue
-            db.conn.executescript(
-                f"BEGIN IMMEDIATE;\n{script}\nINSERT INTO schema_migrations VALUES ({version}, {time.time()});\nCOMMIT;"
-            )
-        _load_vocabulary(db)
-        return len(MIGRATIONS)
+def _redact(text: str, url: str) -> str:
+    """``text`` without the URL (libpq quotes it in some errors) or its password (given in its
+    user part or as ``?password=``)."""
+    text = text.replace(url, "<DATABASE_URL>")
+    try:
+        parts = urlsplit(url)
+        found = [parts.password, *(v for k, v in parse_qsl(parts.query) if k == "password")]
+    except ValueError:
+        return text
+    for password in {p for p in found if p}:
+        text = text.replace(password, "***").replace(quote(password, safe=""), "***")
+    return text
 
 
-def _load_vocabulary(db: sqlite_utils.Database) -> None:
+def default_location(data: Path) -> SqliteUrl:
+    return SqliteUrl(data / "verifier.sqlite3")
+
+
+# -- the two engines ---------------------------------------------------------------------------
+
+
+class Session:
+    """One connection, with the queries' ``?`` parameters in the driver's style."""
+
+    def __init__(self, conn: Any, engine: SqliteEngine | PostgresEngine) -> None:
+        self._conn, self._engine = conn, engine
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        for value in params:
+            if isinstance(value, str) and "\x00" in value:
+                raise Unstorable("a text with a NUL character cannot be stored")
+        with _translated(self._engine):
+            return self._conn.execute(self._engine.sql(sql), tuple(params))
+
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        cur = self.execute(sql, params)
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        return self.execute(sql, params).fetchone()
+
+    def script(self, sql: str) -> None:
+        """Several statements, no parameters (migrations)."""
+        with _translated(self._engine):
+            self._engine.script(self._conn, sql)
+
+
+#: sqlite3's primary result codes that mean "not usable now", not "your SQL is wrong":
+#: BUSY, LOCKED, NOMEM, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, PROTOCOL, NOTADB.
+_SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 8, 10, 11, 13, 14, 15, 26})
+
+
+@attrs.define
+class SqliteEngine:
+    location: SqliteUrl
+
+    def sql(self, sql: str) -> str:
+        return sql
+
+    def script(self, conn: Any, sql: str) -> None:
+        for statement in _statements(sql):
+            conn.execute(statement)
+
+    @contextmanager
+    def session(self, *, create: bool = False) -> Iterator[Any]:
+        path = self.location.path
+        if create:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        # mode=rw: a missing file is "unavailable", never silently a new empty database
+        uri = f"file:{quote(str(path.absolute()))}?mode={'rwc' if create else 'rw'}"
+        conn = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
+        try:
+            conn.execute("PRAGMA busy_timeout = 30000")
+            conn.execute("PRAGMA foreign_keys = ON")
+            yield conn
+        finally:
+            conn.close()
+
+    def begin(self, conn: Any, lock: Sequence[str]) -> None:
+        conn.execute("BEGIN IMMEDIATE")  # the database's write lock: it holds every table
+
+    def migration_lock(self, conn: Any) -> None:
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("BEGIN IMMEDIATE")
+
+    def translate(self, exc: BaseException) -> BaseException | None:
+        if isinstance(exc, sqlite3.IntegrityError):
+            return Refused(str(exc))
+        code = getattr(exc, "sqlite_errorcode", None)
+        if isinstance(exc, sqlite3.Error) and code is not None and (code & 0xFF) in _SQLITE_UNAVAILABLE:
+            return Unavailable(f"cannot use the database (SQLite at {self.location.path}): {exc}")
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def _statements(script: str) -> Iterator[str]:
+    """A SQLite script's statements (a trigger's BEGIN ... END is one), in order."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending.strip()
+            pending = ""
+    if pending.strip():
+        raise ValueError(f"an incomplete statement at the end of a migration: {pending.strip()[:80]!r}")
+
+
+@attrs.define
+class PostgresEngine:
+    location: PostgresUrl
+    _pool: psycopg_pool.ConnectionPool[Any] | None = None
+    _lock: threading.Lock = attrs.Factory(threading.Lock)
+    _translated: dict[str, str] = attrs.Factory(dict)
+
+    def sql(self, sql: str) -> str:
+        found = self._translated.get(sql)
+        if found is None:
+            if "%" in sql:
+                raise ValueError("a query with % is not portable here (psycopg reads it as a placeholder)")
+            found = self._translated[sql] = sql.replace("?", "%s")
+        return found
+
+    def script(self, conn: Any, sql: str) -> None:
+        conn.execute(sql)  # psycopg runs several statements when there are no parameters
+
+    def _pool_for(self) -> psycopg_pool.ConnectionPool[Any]:
+        with self._lock:
+            if self._pool is None:
+                from psycopg_pool import ConnectionPool
+
+                self._pool = ConnectionPool(
+                    self.location.url,
+                    min_size=1,
+                    max_size=POOL_MAX,
+                    kwargs=_pg_options(),
+                    check=ConnectionPool.check_connection,  # a connection the server dropped is replaced
+                    timeout=WAIT_S,
+                    name="ale-verify",
+                    open=False,
+                )
+                self._pool.open(wait=False)
+            return self._pool
+
+    @contextmanager
+    def session(self, *, create: bool = False) -> Iterator[Any]:
+        if create:  # migrations: a connection of their own, so that a failure says why
+            import psycopg
+
+            with psycopg.connect(self.location.url, **_pg_options()) as conn:
+                yield conn
+            return
+        with self._pool_for().connection() as conn:
+            yield conn
+
+    def begin(self, conn: Any, lock: Sequence[str]) -> None:
+        conn.execute("BEGIN")
+        for table in lock:  # as SQLite's BEGIN IMMEDIATE: writers of these tables wait, readers do not
+            conn.execute(f"LOCK TABLE {table} IN SHARE ROW EXCLUSIVE MODE")
+
+    def migration_lock(self, conn: Any) -> None:
+        conn.execute("BEGIN")
+        conn.execute("SELECT pg_advisory_xact_lock(4242001)")  # one migrating process at a time
+
+    def translate(self, exc: BaseException) -> BaseException | None:
+        import psycopg
+
+        if isinstance(exc, psycopg.IntegrityError):
+            return Refused(_first_line(exc))
+        if isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+            reason = _redact(_first_line(exc), self.location.url)
+            return Unavailable(f"cannot use the database (PostgreSQL at {self.location}): {reason}")
+        return None
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close(timeout=1)
+
+
+def _pg_options() -> dict[str, Any]:
+    return {"autocommit": True, "connect_timeout": max(2, int(WAIT_S)), "application_name": "ale-verify"}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+_ENGINES: dict[Location, SqliteEngine | PostgresEngine] = {}
+_ENGINES_LOCK = threading.Lock()
+
+
+def engine(where: Where) -> SqliteEngine | PostgresEngine:
+    """The process's engine for a database (PostgreSQL's holds its connection pool)."""
+    loc = location(where)
+    with _ENGINES_LOCK:
+        found = _ENGINES.get(loc)
+        if found is None:
+            found = _ENGINES[loc] = SqliteEngine(loc) if isinstance(loc, SqliteUrl) else PostgresEngine(loc)
+        return found
+
+
+def close(where: Where | None = None) -> None:
+    """Close one database's pool, or every one (``None``); the next call opens it again."""
+    with _ENGINES_LOCK:
+        engines = list(_ENGINES.values()) if where is None else [_ENGINES.pop(location(where), None)]
+        if where is None:
+            _ENGINES.clear()
+    for found in engines:
+        if found is not None:
+            found.close()
+
+
+@contextmanager
+def _translated(found: SqliteEngine | PostgresEngine) -> Iterator[None]:
+    try:
+        yield
+    except (Refused, Unavailable):
+        raise
+    except Exception as exc:
+        mapped = found.translate(exc)
+        if mapped is None:
+            raise
+        raise mapped from exc
+
+
+@contextmanager
+def connect(where: Where, *, create: bool = False) -> Iterator[Session]:
+    """A session in autocommit mode: each statement is its own transaction."""
+    found = engine(where)
+    with _translated(found), found.session(create=create) as conn:
+        yield Session(conn, found)
+
+
+@contextmanager
+def transaction(where: Where, *, lock: Sequence[str] = ()) -> Iterator[Session]:
+    """One write transaction, committed at the end (rolled back on any exception). ``lock``: the
+    tables it reads before it writes, which no other writer may change meanwhile."""
+    found = engine(where)
+    with _translated(found), found.session() as conn:
+        found.begin(conn, lock)
+        try:
+            yield Session(conn, found)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+
+def exists(where: Where) -> bool:
+    """Whether the database has been made (by :func:`migrate`); a server that cannot be
+    reached is :class:`Unavailable`, not "no"."""
+    loc = location(where)
+    if isinstance(loc, SqliteUrl):
+        return loc.path.is_file()
+    with connect(loc, create=True) as s:
+        return s.one("SELECT to_regclass('schema_migrations')")[0] is not None
+
+
+def migrate(where: Where) -> int:
+    """Create or upgrade the database; return its schema version. Processes that start at once
+    on one database migrate one after the other (SQLite's write lock, a PostgreSQL advisory lock)."""
+    found = engine(where)
+    name = "sqlite" if isinstance(found, SqliteEngine) else "postgresql"
+    with _translated(found), found.session(create=True) as conn:
+        found.migration_lock(conn)
+        s = Session(conn, found)
+        try:
+            real = "REAL" if name == "sqlite" else "DOUBLE PRECISION"
+            s.execute(f"CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at {real})")
+            done = {row[0] for row in s.execute("SELECT version FROM schema_migrations").fetchall()}
+            for version, migration in enumerate(MIGRATIONS, start=1):
+                if version not in done:
+                    s.script(getattr(migration, name))
+                    s.execute("INSERT INTO schema_migrations VALUES (?, ?)", [version, time.time()])
+            _load_vocabulary(s)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    return len(MIGRATIONS)
+
+
+def _load_vocabulary(s: Session) -> None:
     """The reason codes and levels of ale.core.reasons, as the triggers of migration 2 read them.
     Codes are added and their uses updated, never removed (old rows keep theirs)."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        for reason, info in REASONS.items():
-            uses = ",".join(sorted(u.value for u in info.uses))
-            db.execute(
-                "INSERT INTO reason_codes (code, uses) VALUES (?, ?) "
-                "ON CONFLICT(code) DO UPDATE SET uses = excluded.uses",
-                [reason.value, uses],
-            )
-        for level in Level:
-            db.execute("INSERT OR IGNORE INTO levels (name) VALUES (?)", [level.value])
-        db.execute("COMMIT")
-    except BaseException:
-        db.execute("ROLLBACK")
-        raise
+    for reason, info in REASONS.items():
+        uses = ",".join(sorted(u.value for u in info.uses))
+        s.execute(
+            "INSERT INTO reason_codes (code, uses) VALUES (?, ?) ON CONFLICT (code) DO UPDATE SET uses = excluded.uses",
+            [reason.value, uses],
+        )
+    for level in Level:
+        s.execute("INSERT INTO levels (name) VALUES (?) ON CONFLICT (name) DO NOTHING", [level.value])
 
 
 def _check_codes(row: dict[str, Any]) -> dict[str, Any]:
@@ -204,66 +648,64 @@ def _token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _insert(s: Session, table: str, row: dict[str, Any]) -> None:
+    columns = ", ".join(row)
+    s.execute(f"INSERT INTO {table} ({columns}) VALUES ({', '.join('?' * len(row))})", list(row.values()))
+
+
 # -- users and API tokens --------------------------------------------------------------------
 
 
-def upsert_user(path: Path, user_id: str, display_name: str, source: str) -> None:
-    with connect(path) as db:
-        db.execute(
+def upsert_user(where: Where, user_id: str, display_name: str, source: str) -> None:
+    with connect(where) as s:
+        s.execute(
             "INSERT INTO users (id, display_name, source, created_at) VALUES (?, ?, ?, ?) "
-            "ON CONFLICT(id) DO UPDATE SET display_name = excluded.display_name",
+            "ON CONFLICT (id) DO UPDATE SET display_name = excluded.display_name",
             [user_id, display_name, source, time.time()],
         )
 
 
-def create_api_token(path: Path, user_id: str, label: str) -> str:
+def create_api_token(where: Where, user_id: str, label: str) -> str:
     """A new API token for the user; only its SHA-256 is stored."""
     token = "ale_" + secrets.token_urlsafe(32)
-    with connect(path) as db:
-        db.execute(
+    with connect(where) as s:
+        s.execute(
             "INSERT INTO api_tokens (token_sha256, user_id, label, created_at) VALUES (?, ?, ?, ?)",
             [_token_hash(token), user_id, label, time.time()],
         )
     return token
 
 
-def user_for_token(path: Path, token: str) -> str | None:
-    with connect(path) as db:
-        row = db.execute(
+def user_for_token(where: Where, token: str) -> str | None:
+    with connect(where) as s:
+        row = s.one(
             "SELECT user_id FROM api_tokens WHERE token_sha256 = ? AND revoked_at IS NULL", [_token_hash(token)]
-        ).fetchone()
+        )
     return row[0] if row else None
 
 
 # -- rate limits -----------------------------------------------------------------------------
 
 
-def take_rate(path: Path, user_id: str, action: str, per_hour: int) -> bool:
+def take_rate(where: Where, user_id: str, action: str, per_hour: int) -> bool:
     """Record one ``action`` unless the user already did ``per_hour`` of them in the last hour."""
     now = time.time()
-    with connect(path) as db:
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.execute("DELETE FROM rate_events WHERE at < ?", [now - 3600])
-            (count,) = db.execute(
-                "SELECT COUNT(*) FROM rate_events WHERE user_id = ? AND action = ? AND at >= ?",
-                [user_id, action, now - 3600],
-            ).fetchone()
-            if count >= per_hour:
-                db.execute("COMMIT")
-                return False
-            db.execute("INSERT INTO rate_events VALUES (?, ?, ?)", [user_id, action, now])
-            db.execute("COMMIT")
-            return True
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+    with transaction(where, lock=["rate_events"]) as s:
+        s.execute("DELETE FROM rate_events WHERE at < ?", [now - 3600])
+        (count,) = s.one(
+            "SELECT COUNT(*) FROM rate_events WHERE user_id = ? AND action = ? AND at >= ?",
+            [user_id, action, now - 3600],
+        )
+        if count >= per_hour:
+            return False
+        s.execute("INSERT INTO rate_events VALUES (?, ?, ?)", [user_id, action, now])
+        return True
 
 
 # -- challenges ------------------------------------------------------------------------------
 
 
-def create_challenge(path: Path, user_id: str, ttl_s: int) -> dict[str, Any]:
+def create_challenge(where: Where, user_id: str, ttl_s: int) -> dict[str, Any]:
     now = time.time()
     challenge = {
         "id": "chl_" + secrets.token_hex(12),
@@ -272,21 +714,22 @@ def create_challenge(path: Path, user_id: str, ttl_s: int) -> dict[str, Any]:
         "issued_at": now,
         "expires_at": now + ttl_s,
     }
-    with connect(path) as db:
-        db.table("challenges").insert(challenge)
+    with connect(where) as s:
+        _insert(s, "challenges", challenge)
     return challenge
 
 
-def get_challenge(path: Path, challenge_id: str) -> dict[str, Any] | None:
-    with connect(path) as db:
-        rows = list(db.query("SELECT * FROM challenges WHERE id = ?", [challenge_id]))
+def get_challenge(where: Where, challenge_id: str) -> dict[str, Any] | None:
+    with connect(where) as s:
+        rows = s.rows("SELECT * FROM challenges WHERE id = ?", [challenge_id])
     return rows[0] if rows else None
 
 
-def consume_challenge(path: Path, challenge_id: str, submission_id: str) -> None:
-    """Mark a challenge used, exactly once: concurrent uploads race here and one wins."""
-    with connect(path) as db:
-        cur = db.execute(
+def consume_challenge(where: Where, challenge_id: str, submission_id: str) -> None:
+    """Mark a challenge used, exactly once: concurrent uploads race here and one wins (one
+    conditional UPDATE: SQLite's write lock, PostgreSQL's row lock and re-check of the WHERE)."""
+    with connect(where) as s:
+        cur = s.execute(
             "UPDATE challenges SET used_at = ?, used_by_submission = ? WHERE id = ? AND used_at IS NULL",
             [time.time(), submission_id, challenge_id],
         )
@@ -297,47 +740,43 @@ def consume_challenge(path: Path, challenge_id: str, submission_id: str) -> None
 # -- submissions and the audit log -----------------------------------------------------------
 
 
-def insert_submission(path: Path, row: dict[str, Any], audit: dict[str, Any]) -> None:
+def insert_submission(where: Where, row: dict[str, Any], audit: dict[str, Any]) -> None:
     """Store a submission and its first audit entry; codes and levels must be the vocabulary's."""
     row = _check_codes(row)
     audit = {**audit, "to_level": None if audit["to_level"] is None else Level(audit["to_level"]).value}
-    with connect(path) as db:
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            db.table("submissions").insert(
-                {**row, "reasons": json.dumps(row["reasons"]), "summary": json.dumps(row["summary"], sort_keys=True)}
-            )
-            db.table("audit_log").insert({**audit, "submission_id": row["id"]})
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+    with transaction(where) as s:
+        _insert(
+            s,
+            "submissions",
+            {**row, "reasons": json.dumps(row["reasons"]), "summary": json.dumps(row["summary"], sort_keys=True)},
+        )
+        _insert(s, "audit_log", {**audit, "submission_id": row["id"]})
 
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "reasons": json.loads(row["reasons"]), "summary": json.loads(row["summary"])}
 
 
-def get_submission(path: Path, submission_id: str) -> dict[str, Any] | None:
-    with connect(path) as db:
-        rows = list(db.query("SELECT * FROM submissions WHERE id = ?", [submission_id]))
+def get_submission(where: Where, submission_id: str) -> dict[str, Any] | None:
+    with connect(where) as s:
+        rows = s.rows("SELECT * FROM submissions WHERE id = ?", [submission_id])
         if not rows:
             return None
-        history = list(db.query("SELECT * FROM audit_log WHERE submission_id = ? ORDER BY seq", [submission_id]))
+        history = s.rows("SELECT * FROM audit_log WHERE submission_id = ? ORDER BY seq", [submission_id])
     return {**_decode(rows[0]), "history": history}
 
 
-def ranked_submissions(path: Path) -> list[dict[str, Any]]:
+def ranked_submissions(where: Where) -> list[dict[str, Any]]:
     """Accepted, not revoked, for the leaderboard (the export also shows revoked rows, marked)."""
-    with connect(path) as db:
-        rows = list(db.query("SELECT * FROM submissions WHERE status = 'accepted' ORDER BY received_at"))
+    with connect(where) as s:
+        rows = s.rows("SELECT * FROM submissions WHERE status = 'accepted' ORDER BY received_at, id")
     return [_decode(r) for r in rows]
 
 
-def all_submissions(path: Path) -> list[dict[str, Any]]:
-    with connect(path) as db:
-        rows = list(db.query("SELECT * FROM submissions ORDER BY received_at"))
-        history = list(db.query("SELECT * FROM audit_log ORDER BY seq"))
+def all_submissions(where: Where) -> list[dict[str, Any]]:
+    with connect(where) as s:
+        rows = s.rows("SELECT * FROM submissions ORDER BY received_at, id")
+        history = s.rows("SELECT * FROM audit_log ORDER BY seq")
     by_id: dict[str, list[dict[str, Any]]] = {}
     for h in history:
         by_id.setdefault(h["submission_id"], []).append(h)
@@ -345,7 +784,7 @@ def all_submissions(path: Path) -> list[dict[str, Any]]:
 
 
 def change_level(
-    path: Path,
+    where: Where,
     submission_id: str,
     *,
     actor: str,
@@ -356,32 +795,28 @@ def change_level(
 ) -> dict[str, Any]:
     """Move an accepted submission to ``to_level`` (audit, revoke), logging it in the audit log."""
     to_level = Level(to_level).value
-    with connect(path) as db:
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            row = db.execute("SELECT status, level FROM submissions WHERE id = ?", [submission_id]).fetchone()
-            if row is None:
-                raise KeyError(submission_id)
-            status, level = row
-            if status != "accepted" or level not in allowed_from:
-                raise Conflict(f"a {status} submission at level {level} cannot be moved to {to_level}")
-            db.execute("UPDATE submissions SET level = ? WHERE id = ?", [to_level, submission_id])
-            db.table("audit_log").insert(
-                {
-                    "submission_id": submission_id,
-                    "at": time.time(),
-                    "actor": actor,
-                    "action": action,
-                    "from_level": level,
-                    "to_level": to_level,
-                    "reason": reason,
-                }
-            )
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-    result = get_submission(path, submission_id)
+    with transaction(where, lock=["submissions"]) as s:
+        row = s.one("SELECT status, level FROM submissions WHERE id = ?", [submission_id])
+        if row is None:
+            raise KeyError(submission_id)
+        status, level = row
+        if status != "accepted" or level not in allowed_from:
+            raise Conflict(f"a {status} submission at level {level} cannot be moved to {to_level}")
+        s.execute("UPDATE submissions SET level = ? WHERE id = ?", [to_level, submission_id])
+        _insert(
+            s,
+            "audit_log",
+            {
+                "submission_id": submission_id,
+                "at": time.time(),
+                "actor": actor,
+                "action": action,
+                "from_level": level,
+                "to_level": to_level,
+                "reason": reason,
+            },
+        )
+    result = get_submission(where, submission_id)
     assert result is not None
     return result
 
@@ -389,39 +824,38 @@ def change_level(
 # -- runner keys -----------------------------------------------------------------------------
 
 
-def register_runner_key(path: Path, *, key_id: str, public_key: str, kind: str, label: str, actor: str) -> None:
-    with connect(path) as db:
-        try:
-            db.table("runner_keys").insert(
-                {
-                    "key_id": key_id,
-                    "public_key": public_key,
-                    "kind": kind,
-                    "label": label,
-                    "registered_at": time.time(),
-                    "registered_by": actor,
-                    "retired_at": None,
-                }
-            )
-        except sqlite3.IntegrityError:
-            raise Conflict("this runner key is already registered") from None
+def register_runner_key(where: Where, *, key_id: str, public_key: str, kind: str, label: str, actor: str) -> None:
+    row = {
+        "key_id": key_id,
+        "public_key": public_key,
+        "kind": kind,
+        "label": label,
+        "registered_at": time.time(),
+        "registered_by": actor,
+        "retired_at": None,
+    }
+    try:
+        with connect(where) as s:
+            _insert(s, "runner_keys", row)
+    except Refused:
+        raise Conflict("this runner key is already registered") from None
 
 
-def retire_runner_key(path: Path, key_id: str) -> None:
-    with connect(path) as db:
-        cur = db.execute(
+def retire_runner_key(where: Where, key_id: str) -> None:
+    with connect(where) as s:
+        cur = s.execute(
             "UPDATE runner_keys SET retired_at = ? WHERE key_id = ? AND retired_at IS NULL", [time.time(), key_id]
         )
         if cur.rowcount != 1:
             raise KeyError(key_id)
 
 
-def runner_key(path: Path, key_id: str) -> dict[str, Any] | None:
-    with connect(path) as db:
-        rows = list(db.query("SELECT * FROM runner_keys WHERE key_id = ?", [key_id]))
+def runner_key(where: Where, key_id: str) -> dict[str, Any] | None:
+    with connect(where) as s:
+        rows = s.rows("SELECT * FROM runner_keys WHERE key_id = ?", [key_id])
     return rows[0] if rows else None
 
 
-def runner_keys(path: Path) -> list[dict[str, Any]]:
-    with connect(path) as db:
-        return list(db.query("SELECT * FROM runner_keys ORDER BY registered_at"))
+def runner_keys(where: Where) -> list[dict[str, Any]]:
+    with connect(where) as s:
+        return s.rows("SELECT * FROM runner_keys ORDER BY registered_at, key_id")

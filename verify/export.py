@@ -960,7 +960,7 @@ def _previous(out: Path) -> tuple[Path, dict[str, tuple[str, int]]] | None:
 
 
 def export_site(
-    database: Path,
+    database: db.Where,
     out: Path,
     *,
     docs_dir: Path | None = None,
@@ -974,8 +974,8 @@ def export_site(
     rewritten (its inode and modification time stay), so an export after one new upload rewrites
     only the pages that changed. ``jobs``: worker processes for the submission pages (default:
     the CPUs this process may use, at most 8)."""
-    if not database.is_file():
-        raise ExportError(f"no database at {database}")
+    if not db.exists(database):
+        raise ExportError(f"no database at {db.location(database)}")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file())):
         raise ExportError(f"{out} exists and is not a previous export (no {MANIFEST}); refusing to replace it")
     rows = db.all_submissions(database)

@@ -121,7 +121,20 @@ def _level_change(operation: str, conflict: str) -> dict[str, Any]:
     }
 
 
+#: The operations that read no database: every other one may answer 503 database_unavailable.
+WITHOUT_DATABASE = frozenset({"health", "submissionKey"})
+
+
 def document(server_url: str) -> dict[str, Any]:
+    doc = _document(server_url)
+    for item in doc["paths"].values():
+        for operation in item.values():
+            if operation["operationId"] not in WITHOUT_DATABASE:
+                operation["responses"]["503"] = _error("the database is unavailable (try again later)")
+    return doc
+
+
+def _document(server_url: str) -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
         "info": {

@@ -14,7 +14,7 @@ the uploader's. Steps 3 to 12 are ``ale.core``'s, the very functions ``ale inspe
 7. JSON documents: parsed by the one bounded parser, no member claiming a verification level
    anywhere, canonical, schema-valid, structured into their models
 8. challenge token (server-signed, unexpired, one-time) and the nonce bound in the trajectory
-9. hash chain of the trajectory
+9. hash chain of the trajectory, and network_summary.json recomputed from its network events
 10. integrity root (file digests, Merkle root, chain head) and a registered runner's signature
 11. benchmark and task versions, coverage
 12. the faithfulness verdicts; recompute the scores from the evaluator results and compare with
@@ -48,6 +48,7 @@ from ale.core.verify import (
     VerificationError,
     check_chain,
     check_integrity,
+    check_network,
     check_signature,
     check_versions,
     file_digests,
@@ -200,7 +201,7 @@ def audit_summary(
         "started": m.run.started,
         "finished": m.run.finished,
         "usage": plain(docs.network.usage),
-        "network_proxy": docs.network.proxy,
+        "network_proxy": plain(docs.network.proxy),
         "runtime": plain(m.runtime),
         "challenge_id": challenge["id"] if challenge else None,
         "runner": None if runner is None else {"key_id": runner.key_id, "kind": runner.kind, "label": runner.label},
@@ -294,6 +295,7 @@ def process_upload(
                 check_nonce=challenge is not None,
                 reports=job.reports if job is not None else None,
             )  # 9.
+            check_network(docs, chain)
             root = check_integrity(files, docs, chain, digests_of())  # 10.
             runner = step_signature(docs, root, settings)
             releases = installed_releases()

@@ -48,6 +48,31 @@ def _float_env(name: str) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
+class EventChannel:
+    """The event channel (``ALE_EVENT_FD``) when the harness gave one: one JSON line per event.
+
+    A channel that fails is reported once on stdout and dropped; without one, writes do nothing.
+    """
+
+    def __init__(self, name: str, fd: int | None) -> None:
+        self.name, self.fd = name, fd
+
+    @classmethod
+    def from_env(cls, name: str) -> EventChannel:
+        fd = os.environ.get("ALE_EVENT_FD", "").strip()
+        return cls(name, int(fd) if fd.isdigit() else None)
+
+    def write(self, kind: str, data: dict[str, Any]) -> None:
+        if self.fd is None:
+            return
+        line = json.dumps({"kind": kind, "data": data}, separators=(",", ":")) + "\n"
+        try:
+            os.write(self.fd, line.encode("utf-8"))
+        except OSError as exc:
+            print(f"[{self.name}] event channel fd {self.fd} failed ({exc.strerror}); not using it", flush=True)
+            self.fd = None
+
+
 class AgentContext:
     """One agent run: configuration from the environment, a client, budget bookkeeping."""
 
@@ -66,8 +91,7 @@ class AgentContext:
         self.env_step_budget = int(steps) if steps is not None else None
         self.steps_used = 0
         self.seed = int(os.environ.get("ALE_AGENT_SEED", DEFAULT_SEED))
-        fd = os.environ.get("ALE_EVENT_FD", "").strip()
-        self._event_fd: int | None = int(fd) if fd.isdigit() else None
+        self.events = EventChannel.from_env(name)
         self.client = AleEnvClient(self.evaluator)
         self.spec: pb.EnvSpec = self.client.get_spec()
         if self.task_id and self.spec.task_id != self.task_id:
@@ -85,14 +109,7 @@ class AgentContext:
 
     def event(self, kind: str, data: dict[str, Any]) -> None:
         """One JSON line on the event channel, if there is one; a broken channel is dropped."""
-        if self._event_fd is None:
-            return
-        line = json.dumps({"kind": kind, "data": data}, separators=(",", ":")) + "\n"
-        try:
-            os.write(self._event_fd, line.encode("utf-8"))
-        except OSError as exc:
-            print(f"[{self.name}] event channel fd {self._event_fd} failed ({exc.strerror}); not using it", flush=True)
-            self._event_fd = None
+        self.events.write(kind, data)
 
     def note(self, text: str) -> None:
         """A progress line that also goes to the event channel as a ``note``."""

@@ -79,6 +79,15 @@ class AgentPhase:
 
 
 @attrs.frozen
+class PhaseNetwork:
+    """Each phase's network policy: ``none`` (no network at all), or the LLM gateway ``open`` while
+    the agent works and ``closed`` while its policy is scored (the scored policy never has a way out)."""
+
+    agent: Literal["open", "none"]
+    official: Literal["closed", "none"]
+
+
+@attrs.frozen
 class ManifestTask:
     id: str
     version: str
@@ -88,6 +97,7 @@ class ManifestTask:
     official_episodes: int = attrs.field(validator=non_negative)
     episodes_run: int = attrs.field(validator=non_negative)
     agent: AgentPhase
+    network: PhaseNetwork
 
     @property
     def ref(self) -> str:
@@ -319,13 +329,31 @@ class Requests:
 class Usage:
     input_tokens: int = attrs.field(validator=non_negative)
     output_tokens: int = attrs.field(validator=non_negative)
+    cached_input_tokens: int = attrs.field(validator=non_negative)
+
+
+@attrs.frozen
+class ProxyUpstream:
+    name: str
+    api: Literal["openai", "anthropic"]
+    host: str
+
+
+@attrs.frozen
+class Proxy:
+    """The LLM gateway the agent's sandbox could reach, and the upstreams it forwarded to."""
+
+    name: str
+    version: str
+    upstreams: tuple[ProxyUpstream, ...]
 
 
 @attrs.frozen
 class NetworkSummary:
     schema: str = attrs.field(validator=_is(NETWORK_SCHEMA))
-    proxy: None
+    proxy: Proxy | None
     policy: str
+    phases: PhaseNetwork
     requests: Requests
     usage: Usage
 

@@ -125,6 +125,7 @@ RULES: Final[tuple[Rule, ...]] = (
     _h("output_truncated", _SANDBOX),
     _h("rejected_agent_event", _SANDBOX),
     _h("unreadable_evaluator_event", _EVALUATOR_UP),
+    _h("unreadable_gateway_event", _OPEN_RUN),
     _h("events_dropped", _EVALUATOR_UP),
     _h("refused_event", _OPEN_RUN),
     # the evaluator's log, relayed

@@ -64,6 +64,7 @@ class Reason(enum.StrEnum):
     NONCE_MISMATCH = "nonce_mismatch"
     # chain, integrity, versions, scores
     CHAIN_INVALID = "chain_invalid"
+    NETWORK_MISMATCH = "network_mismatch"
     INTEGRITY_MISMATCH = "integrity_mismatch"
     BAD_SIGNATURE = "bad_signature"
     UNREGISTERED_RUNNER = "unregistered_runner"
@@ -87,6 +88,7 @@ class Reason(enum.StrEnum):
     NOT_CONFIGURED = "not_configured"
     BAD_STATE = "bad_state"
     OAUTH_FAILED = "oauth_failed"
+    DATABASE_UNAVAILABLE = "database_unavailable"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -179,6 +181,12 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.TOKEN_REPLAYED: _info("8 challenge", _R, "the challenge was already used by another upload"),
     R.NONCE_MISMATCH: _info("8 challenge", _R, "the nonce in the manifest or the trajectory is not the challenge's"),
     R.CHAIN_INVALID: _info("9 chain", _R, "the trajectory's hash chain or event grammar is broken"),
+    R.NETWORK_MISMATCH: _info(
+        "9 chain",
+        _R,
+        "network_summary.json differs from the totals recomputed from the trajectory's network events "
+        "(requests, tokens, the gateway and its upstreams, the phases' policies)",
+    ),
     R.INTEGRITY_MISMATCH: _info(
         "10 integrity", _R, "a file digest, the Merkle root or the chain head differs from integrity.json"
     ),
@@ -208,6 +216,9 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.NOT_CONFIGURED: _info("API", _Q, "GitHub login is not configured on this site (HTTP 404)"),
     R.BAD_STATE: _info("API", _Q, "the OAuth state does not match this browser's login (HTTP 400)"),
     R.OAUTH_FAILED: _info("API", _Q, "the OAuth provider refused or answered nonsense (HTTP 502)"),
+    R.DATABASE_UNAVAILABLE: _info(
+        "API", _Q, "the verifier's database cannot be reached or used now; try again later (HTTP 503)"
+    ),
     R.INTERNAL_ERROR: _info("API", _Q, "the verifier's own bug; the operator has the details in the log (HTTP 500)"),
 }
 del R

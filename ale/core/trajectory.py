@@ -34,6 +34,7 @@ import attrs
 import orjson
 
 from ale.core import grammar
+from ale.core import network as netstats
 from ale.core.canonical import (
     NON_BMP,
     ORJSON_EXPONENT_BAND,
@@ -205,6 +206,9 @@ class ChainSummary:
     run_id: str | None = None  # from the first event
     #: ``trusted_evaluator`` ``eval_result`` events by session id: what the evaluator reported.
     eval_results: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    #: the network totals (every member of ale.core.network.FIELDS) and each gateway_started's upstreams
+    network: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(netstats.FIELDS, 0))
+    gateways: tuple[Any, ...] = ()
 
 
 def parse_line(raw: bytes, number: int) -> dict[str, Any]:
@@ -404,6 +408,9 @@ class ChunkReport:
     fault: Fault | None
     #: the grammar's tokens, in order: (line, rule code, key)
     tokens: list[Token] = attrs.Factory(list)
+    #: the network totals of the chunk's events (ale.core.network.tally), and its gateway_started upstreams
+    network: dict[str, int] = attrs.Factory(dict)
+    gateways: list[Any] = attrs.Factory(list)
 
 
 def _chain_fault(
@@ -455,12 +462,21 @@ class _Scan:
         self.run_started: dict[str, Any] | None = None
         self.tokens: list[Token] = []
         self.fault: Fault | None = None
+        self.network: dict[str, int] = {}
+        self.gateways: list[Any] = []
 
     def report(self) -> ChunkReport:
         return ChunkReport(
             self.first_line, self.checked, self.first_seq, self.first_prev, self.head, self.first_of, self.counts,
             self.kinds, self.first_wall, self.last_wall, self.run_started, self.eval_results, self.fault, self.tokens,
+            self.network, self.gateways,
         )  # fmt: skip
+
+    def _tally(self, producer: str, kind: str, data: dict[str, Any]) -> None:
+        """A network event: its share of the totals (ale.core.network), a gateway's upstreams."""
+        if producer == "trusted_network_proxy" and kind == "gateway_started":
+            self.gateways.append(data.get("upstreams"))
+        netstats.add(self.network, netstats.event_totals(producer, kind, data))
 
     def lines(self, chunk: bytes) -> None:  # noqa: C901 - the verifier hot loop; tests/trajectory_reference.py beside it
         """Check every line of ``chunk``; stop at the first fault (recorded, or raised as ChainError)."""
@@ -471,7 +487,7 @@ class _Scan:
         loads, dumps, orjson_errors = orjson.loads, orjson.dumps, (orjson.JSONDecodeError, orjson.JSONEncodeError)
         sha256, wall_time_ok, hex64, non_bmp = hashlib.sha256, _WALL_TIME.fullmatch, _HEX64.fullmatch, NON_BMP.search
         low, high = ORJSON_EXPONENT_BAND
-        bits, structural = grammar.BITS, self._structural
+        bits, structural, tallied = grammar.BITS, self._structural, netstats.TALLIED
         first_line, first_of, counts, kinds, tokens = (
             self.first_line,
             self.first_of,
@@ -558,6 +574,8 @@ class _Scan:
                 break
             counts[producer] = (1 if seen is None else seen[0] + 1, monotonic)
             kinds[kind] = kinds.get(kind, 0) + 1
+            if kind in tallied:
+                self._tally(producer, kind, data)
             # The grammar's token: every structural event, each windowed rule's first since one.
             bit = bits[producer].get(kind, 0)
             if not bit:
@@ -635,6 +653,8 @@ class _Linker:
         self.run_started: dict[str, Any] | None = None
         self.first = self.last = ""
         self.tokens: list[Token] = []
+        self.network = dict.fromkeys(netstats.FIELDS, 0)
+        self.gateways: list[Any] = []
 
     def add(self, report: ChunkReport) -> None:
         """Check the report against what precedes it (raising the first fault), then take it in."""
@@ -654,6 +674,8 @@ class _Linker:
         for kind, count in report.kinds.items():
             self.kinds[kind] = self.kinds.get(kind, 0) + count
         self.eval_results.update(report.eval_results)
+        netstats.add(self.network, report.network)
+        self.gateways += report.gateways
         self.run_started = report.run_started if report.run_started is not None else self.run_started
         self.tokens += [(line + offset, code, key) for line, code, key in report.tokens] if offset else report.tokens
         self.total += report.lines
@@ -701,7 +723,7 @@ class _Linker:
         run_id = started.get("run_id")
         return ChainSummary(
             self.head, self.total, nonce, self.per_producer, self.kinds, self.first, self.last,
-            run_id if isinstance(run_id, str) else None, self.eval_results,
+            run_id if isinstance(run_id, str) else None, self.eval_results, dict(self.network), tuple(self.gateways),
         )  # fmt: skip
 
 

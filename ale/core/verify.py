@@ -9,7 +9,8 @@ only what needs its own records (the challenge token, one-time use, persistence)
    is canonical and schema-valid and structures into its model (``schema_invalid``), and
    task_results.json is self-consistent (``inconsistent_results``): :func:`parse_documents`;
 3. the trajectory's hash chain, and the nonce bound in its first event (``chain_invalid``,
-   ``nonce_mismatch``): :func:`check_chain`;
+   ``nonce_mismatch``): :func:`check_chain`; network_summary.json recomputed from its network events
+   (``network_mismatch``): :func:`check_network`;
 4. the integrity root: each file's SHA-256, the Merkle root, the chain head (``integrity_mismatch``),
    and a runner signature (``bad_signature``, ``unregistered_runner``): :func:`check_integrity`,
    :func:`check_signature`;
@@ -223,6 +224,46 @@ def check_chain(
     except ChainError as exc:
         reason = Reason.NONCE_MISMATCH if exc.reason == "nonce_mismatch" else Reason.CHAIN_INVALID
         raise VerificationError(reason, f"trajectory: {exc} ({exc.reason})") from None
+
+
+def check_network(docs: Documents, chain: ChainSummary) -> None:
+    """network_summary.json against the trajectory (``network_mismatch``): the requests and tokens
+    its network events add up to (:mod:`ale.core.network`), a proxy exactly when a gateway started
+    (once, with the upstreams the summary names), and the same phase policies as every task's in
+    the manifest, which are a gateway's (open, closed) exactly when there was one."""
+    totals, summary = chain.network, docs.network
+    if totals.get("unreadable"):
+        raise VerificationError(
+            Reason.NETWORK_MISMATCH, f"{totals['unreadable']} network events of the trajectory cannot be read"
+        )
+    claimed = {**converter.unstructure(summary.requests), **converter.unstructure(summary.usage)}
+    recomputed = {name: totals.get(name, 0) for name in claimed}
+    if claimed != recomputed:
+        differ = ", ".join(
+            f"{k} {claimed[k]} (trajectory: {recomputed[k]})" for k in claimed if claimed[k] != recomputed[k]
+        )
+        raise VerificationError(Reason.NETWORK_MISMATCH, f"network_summary.json's totals differ: {differ}")
+    _check_proxy(summary, chain.gateways)
+    phases = converter.unstructure(summary.phases)
+    expected = {"agent": "open", "official": "closed"} if chain.gateways else {"agent": "none", "official": "none"}
+    if phases != expected or any(converter.unstructure(t.network) != phases for t in docs.manifest.tasks):
+        raise VerificationError(
+            Reason.NETWORK_MISMATCH, "the phases' network policies differ between the summary, the manifest and the run"
+        )
+
+
+def _check_proxy(summary: NetworkSummary, gateways: tuple[Any, ...]) -> None:
+    if len(gateways) > 1:
+        raise VerificationError(Reason.NETWORK_MISMATCH, "the trajectory has more than one gateway_started")
+    if (summary.proxy is None) != (not gateways):
+        had = "a gateway" if gateways else "no gateway"
+        raise VerificationError(
+            Reason.NETWORK_MISMATCH, f"the trajectory has {had}, which network_summary.json's proxy misstates"
+        )
+    if summary.proxy is not None and converter.unstructure(summary.proxy.upstreams) != gateways[0]:
+        raise VerificationError(
+            Reason.NETWORK_MISMATCH, "the summary's upstreams are not those the gateway_started event names"
+        )
 
 
 def file_digests(files: Mapping[str, bytes]) -> dict[str, str]:
@@ -504,6 +545,7 @@ def check_files(
     docs = parse_documents(files, validate)
     challenge = docs.manifest.challenge
     chain = check_chain(docs, expected_nonce=challenge.nonce if challenge else None, check_nonce=challenge is not None)
+    check_network(docs, chain)
     root = check_integrity(files, docs, chain)
     _, runner = check_signature(docs, root, runner_keys)
     release = check_versions(docs, release_for=release_for, known_tasks=known_tasks)

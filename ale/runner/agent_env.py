@@ -55,9 +55,10 @@ from ale.core.parse import ParseError, parse_json
 FORMAT = 1  # bump when the layout changes: a new digest, a new folder
 MOUNT_POINT = "/ale/python"
 PYTHON = f"{MOUNT_POINT}/bin/python3"
-#: The agent-facing library: the gym client, the wire codecs and the policy-artifact writer, and the
-#: Stable-Baselines3 adapter (which works once the agent brings SB3: docs/agent-contract.md).
-CLIENT_MODULES = ("ale.client", "ale.protocol", "ale.policy", "ale.client.sb3")
+#: The agent-facing library: the gym client, the wire codecs, the policy-artifact writer, the
+#: Stable-Baselines3 adapter (which works once the agent brings SB3: docs/agent-contract.md), and
+#: the relay to the gateway socket that a runtime starts before the command (``ale._relay``).
+CLIENT_MODULES = ("ale.client", "ale.protocol", "ale.policy", "ale.client.sb3", "ale._relay")
 #: Host trees the sandbox binds read-only anyway (the system: shell, coreutils, the C library).
 SYSTEM_TREES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64")
 #: The project's own top-level packages: never visible to the agent except the modules above.
@@ -352,8 +353,9 @@ class _Dist:
     dist: metadata.Distribution
 
 
-def distribution_closure(imports: Iterable[str]) -> list[_Dist]:
-    """The distributions that provide ``imports`` and everything they require, by name."""
+def distribution_closure(imports: Iterable[str], packages: Iterable[str] = ()) -> list[_Dist]:
+    """The distributions that provide ``imports``, the distributions named ``packages`` (requirement
+    strings such as ``openai`` or ``httpx[http2]``), and everything they require, by name."""
     imports = sorted(imports)
     dists, owners = installed({name.split(".")[0] for name in imports})
     todo: list[tuple[str, frozenset[str], str]] = []
@@ -362,6 +364,9 @@ def distribution_closure(imports: Iterable[str]) -> list[_Dist]:
         if owner is None:
             raise AgentEnvError(f"no installed distribution provides {name!r}, which the client library imports")
         todo.append((owner, frozenset(), f"import {name}"))
+    for raw in sorted(packages):
+        req = _package(raw)
+        todo.append((canonicalize_name(req.name), frozenset(req.extras), f"the agent's package {raw!r}"))
     wanted: dict[str, set[str]] = {}
     found: dict[str, _Dist] = {}
     while todo:
@@ -383,6 +388,22 @@ def distribution_closure(imports: Iterable[str]) -> list[_Dist]:
             if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in sorted(new)):
                 todo.append((canonicalize_name(req.name), frozenset(req.extras), f"{name} ({raw})"))
     return [found[n] for n in sorted(found)]
+
+
+def _package(raw: str) -> Requirement:
+    """A package the agent asks for: a distribution name with extras, no version or marker (the
+    harness's installed version is what it gets)."""
+    try:
+        req = Requirement(raw)
+    except InvalidRequirement as exc:
+        raise AgentEnvError(f"the agent's package {raw!r} is not a distribution name: {exc}") from None
+    if req.specifier or req.marker or req.url:
+        raise AgentEnvError(
+            f"the agent's package {raw!r}: name a distribution (and extras) only; the version is the installed one"
+        )
+    if canonicalize_name(req.name) in {canonicalize_name(p) for p in ("ale-robotics", *PROJECT_PACKAGES)}:
+        raise AgentEnvError(f"the agent's package {raw!r} is the project itself, which the agent never sees")
+    return req
 
 
 def _dist_files(d: _Dist) -> Iterator[tuple[str, str, os.stat_result]]:
@@ -418,14 +439,15 @@ def _editable(path: str) -> bool:
 # --- the plan and its digest --------------------------------------------------------------------
 
 
-def plan(modules: Sequence[str] = ()) -> _Plan:
-    """What goes into the environment for an agent that needs ``modules`` besides the client."""
+def plan(modules: Sequence[str] = (), packages: Sequence[str] = ()) -> _Plan:
+    """What goes into the environment for an agent that needs ``modules`` besides the client, and the
+    installed distributions ``packages`` (with what they require)."""
     for name in modules:
         if name.split(".")[0] != "ale":
             raise AgentEnvError(f"{name!r}: only modules of the ale package are bundled into the agent's environment")
     ale_modules, external = ale_closure((*CLIENT_MODULES, *modules))
     ale_files = _ale_files(ale_modules)
-    dists = distribution_closure(external)
+    dists = distribution_closure(external, packages)
     listed = sorted({rel: (path, st) for d in dists for rel, path, st in _dist_files(d)}.items())
     interp = interpreter()
     h = hashlib.sha256(json.dumps(["ale-agent-env", FORMAT, MOUNT_POINT, sys.version, attrs.asdict(interp)]).encode())
@@ -451,9 +473,10 @@ def default_cache_dir() -> Path:
     return Path(base) / "ale" / "agent-env"
 
 
-def ensure(modules: Sequence[str] = (), *, cache_dir: Path | None = None) -> AgentEnv:
-    """The environment for an agent that needs ``modules`` besides the client, built if missing."""
-    p = plan(modules)
+def ensure(modules: Sequence[str] = (), *, packages: Sequence[str] = (), cache_dir: Path | None = None) -> AgentEnv:
+    """The environment for an agent that needs ``modules`` besides the client and the installed
+    distributions ``packages`` (``ale run --agent-package``), built if missing."""
+    p = plan(modules, packages)
     cache = cache_dir or default_cache_dir()
     final = cache / p.digest
     try:

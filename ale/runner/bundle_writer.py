@@ -21,10 +21,12 @@ from ale.core import bundle
 from ale.core.canonical import canonical_json
 from ale.core.documents import ARTIFACTS_SCHEMA, FAITHFULNESS_SCHEMA, INTEGRITY_SCHEMA, MANIFEST_SCHEMA, NETWORK_SCHEMA
 from ale.core.merkle import files_root
+from ale.core.network import REQUEST_FIELDS, USAGE_FIELDS
 from ale.core.results import RunScore, parse_task_results, score_breakdown_document, score_run
 from ale.core.signing import sign_root
-from ale.core.trajectory import EVENT_SCHEMA, format_wall_time
+from ale.core.trajectory import EVENT_SCHEMA, ChainSummary, format_wall_time, verify_chain
 from ale.runner.harness import RunRecord, task_results_json
+from ale.runner.network import NO_NETWORK, proxy_description
 
 __all__ = ["ARTIFACTS_SCHEMA", "FAITHFULNESS_SCHEMA", "INTEGRITY_SCHEMA", "MANIFEST_SCHEMA", "NETWORK_SCHEMA"]
 NO_JUDGE = "no faithfulness judge is configured: a reproduction task without a verdict is unfaithful (final 0)"
@@ -67,6 +69,7 @@ def manifest_json(record: RunRecord) -> dict[str, Any]:
                 "official_episodes": o.task.spec.official_episodes,
                 "episodes_run": o.episodes,
                 "agent": o.agent,
+                "network": o.network,
             }
             for o in record.outcomes
         ],
@@ -92,13 +95,30 @@ def manifest_json(record: RunRecord) -> dict[str, Any]:
     }
 
 
-def network_summary_json() -> dict[str, Any]:
+def network_summary_json(record: RunRecord, chain: ChainSummary) -> dict[str, Any]:
+    """network_summary.json from the trajectory's network events (ale.core.network), as the
+    verifier recomputes it, and the run's phase policies."""
+    totals = chain.network
+    if totals.get("unreadable"):
+        raise ValueError(f"{totals['unreadable']} of the trajectory's network events cannot be read")
+    phases = record.outcomes[0].network if record.outcomes else dict(NO_NETWORK)
+    if not chain.gateways:
+        policy = "no network: the agent's sandbox has an empty network namespace and no proxy"
+        proxy = None
+    else:
+        proxy = proxy_description(chain.gateways[0] or [])
+        hosts = ", ".join(f"{u['name']} ({u['host']})" for u in proxy["upstreams"])
+        policy = (
+            "the agent's sandbox reached only the LLM gateway, open while the agent worked and closed for the "
+            f"official evaluation (whose sandbox had no attachment); upstreams: {hosts}"
+        )
     return {
         "schema": NETWORK_SCHEMA,
-        "proxy": None,
-        "policy": "no network: the agent's sandbox has an empty network namespace and no proxy",
-        "requests": {"total": 0, "allowed": 0, "denied": 0},
-        "usage": {"input_tokens": 0, "output_tokens": 0},
+        "proxy": proxy,
+        "policy": policy,
+        "phases": phases,
+        "requests": {name: totals[name] for name in REQUEST_FIELDS},
+        "usage": {name: totals[name] for name in USAGE_FIELDS},
     }
 
 
@@ -121,7 +141,7 @@ def build_files(record: RunRecord, trajectory: bytes, runner_key: Any = None) ->
         "task_results.json": results_raw,
         "score_breakdown.json": _json(score_breakdown_document(run_score, record.options.release)),
         "faithfulness.json": _json(faithfulness),
-        "network_summary.json": _json(network_summary_json()),
+        "network_summary.json": _json(network_summary_json(record, verify_chain(trajectory))),
         "artifacts_manifest.json": _json(artifacts_manifest_json(record)),
     }
     digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}

@@ -1,4 +1,4 @@
-"""``ale``: list tasks, run them with an agent, inspect a bundle."""
+"""``ale``: list tasks, run them with an agent, inspect or view a bundle."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 BUNDLED_AGENTS = {
     "demo": "ale.agents.demo",
     "random": "ale.agents.random_agent",
+    "llm": "ale.agents.llm",  # the built-in LLM coding agent: needs --model
 }
 
 
@@ -39,15 +40,29 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
             raise CliError(f"--agent-cmd: {exc}") from None
         if not command:
             raise CliError("--agent-cmd is empty")
-        return AgentSpec(name=args.agent_name or Path(command[0]).name, command=command, declared=declared)
+        return AgentSpec(
+            name=args.agent_name or Path(command[0]).name,
+            command=command,
+            declared=declared,
+            packages=tuple(args.agent_package or ()),
+        )
     module = BUNDLED_AGENTS.get(args.agent)
     if module is None:
         raise CliError(
             f"unknown bundled agent {args.agent!r}; choose from {', '.join(BUNDLED_AGENTS)} or use --agent-cmd"
         )
     # The sandbox's own interpreter; the agent's modules go into its environment (agent_env).
+    argv: tuple[str, ...] = (agent_env.PYTHON, "-m", module)
+    if args.agent == "llm":
+        if not args.model:
+            raise CliError("--agent llm needs --model: the model name the LLM endpoint serves")
+        argv += ("--model", args.model)
     return AgentSpec(
-        name=f"ale-{args.agent}", command=(agent_env.PYTHON, "-m", module), declared=declared, modules=(module,)
+        name=f"ale-{args.agent}",
+        command=argv,
+        declared=declared,
+        modules=(module,),
+        packages=tuple(args.agent_package or ()),
     )
 
 
@@ -201,6 +216,21 @@ def _report(record: Any, run_score: Any, key_path: Path | None) -> None:
         )
 
 
+def _upstreams(args: argparse.Namespace) -> tuple[Any, ...]:
+    """The LLM gateway's upstreams (docs/agent-contract.md, "The LLM gateway"); their keys leave
+    this process's environment once read."""
+    from ale.runner import gateway_proc
+
+    try:
+        upstreams = gateway_proc.configure(
+            args.llm_upstream or (), os.environ, use_environment=not args.no_llm_environment
+        )
+    except gateway_proc.UpstreamError as exc:
+        raise CliError(str(exc)) from None
+    gateway_proc.forget_keys(upstreams, os.environ)
+    return upstreams
+
+
 def _runtime(name: str) -> Runtime:
     try:
         return runtimes.make(name)
@@ -212,11 +242,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     runtime = _runtime(args.runtime)
     manifest, digest, name = _release(args)
     tasks = _run_tasks(args, manifest)
-    out_dir = _writable_out(args)
     agent = _agent(args)
+    upstreams = _upstreams(args)
+    out_dir = _writable_out(args)
     runtime.prestart_evaluator()  # its code loads while the harness's does
     try:
-        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent)
+        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent, upstreams)
     finally:
         runtime.close()
 
@@ -228,6 +259,7 @@ def _run(
     tasks: list[str],
     out_dir: Path,
     agent: AgentSpec,
+    upstreams: Any,
 ) -> int:
     from ale.runner.harness import Harness
     from ale.runner.options import RunOptions
@@ -247,6 +279,7 @@ def _run(
         agent_time_s=args.agent_time,
         nonce=nonce,
         challenge_token=challenge_token,
+        upstreams=upstreams,
     )
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
     progress = PlainProgress() if plain else LiveProgress(tasks)
@@ -315,6 +348,19 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return inspect_bundle(Path(args.bundle), Path(args.identity), as_json=args.json, runner_keys=args.runner_public_key)
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    from ale.runner.view import ViewError, view_command
+
+    out = Path(args.out) if args.out else None
+    try:
+        return view_command(
+            Path(args.bundle), Path(args.identity), out=out, serve_it=args.serve, port=args.port,
+            runner_keys=args.runner_public_key,
+        )  # fmt: skip
+    except ViewError as exc:
+        raise CliError(str(exc)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ale", description="ALE Robotics: run tasks, inspect bundles.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -331,9 +377,20 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run tasks with an agent and write an encrypted bundle")
     run.add_argument("tasks", nargs="*", help="task ids (see `ale tasks`)")
     run.add_argument("--all", action="store_true", help="run the release's whole required task set")
-    run.add_argument("--agent", default="demo", help="a bundled agent: demo (default) or random")
+    run.add_argument(
+        "--agent",
+        default="demo",
+        help="a bundled agent: demo (default), random, or llm (the LLM coding agent; needs --model)",
+    )
     run.add_argument("--agent-cmd", help="your agent: a command line run inside the sandbox")
     run.add_argument("--agent-name", help="the agent's name on the board (default: the command's name)")
+    run.add_argument(
+        "--agent-package",
+        action="append",
+        metavar="DIST",
+        help="an installed Python distribution (e.g. openai, anthropic) put into the agent's environment "
+        "with what it requires, at the installed version (repeatable; docs/agent-contract.md)",
+    )
     run.add_argument("--model", help="declared: the model the agent uses")
     run.add_argument("--effort", help="declared: the effort tier")
     run.add_argument("--recipient", action="append", help="age X25519 public key to encrypt to (repeatable)")
@@ -343,6 +400,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--site", help="a verifier's URL: fetch its submission key and a challenge before the run")
     run.add_argument("--token", help="API token for --site (default: $ALE_TOKEN)")
     run.add_argument("--runner-key", help="a registered runner's Ed25519 private key (PEM): sign the bundle")
+    run.add_argument(
+        "--llm-upstream",
+        action="append",
+        metavar="NAME=URL[,api=API][,key-env=VAR][,ca-file=PATH]",
+        help="an LLM API the agent may reach through the run's gateway (repeatable), e.g. "
+        "openai=https://api.openai.com/v1 (key from $OPENAI_API_KEY) or local=http://127.0.0.1:8080/v1,api=openai; "
+        "api: openai or anthropic (default: NAME when it is one of them); key-env: the variable holding its "
+        "key (default OPENAI_API_KEY / ANTHROPIC_API_KEY for those names, else NAME_API_KEY)",
+    )
+    run.add_argument(
+        "--no-llm-environment",
+        action="store_true",
+        help="do not make upstreams of OPENAI_BASE_URL / OPENAI_API_KEY / ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY",
+    )
     run.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     run.add_argument(
         "--runtime",
@@ -364,6 +435,15 @@ def build_parser() -> argparse.ArgumentParser:
     runner_key = sub.add_parser("runner-key", help="make an Ed25519 key for a registered runner")
     runner_key.add_argument("path", help="where to write the private key (PEM, mode 0600)")
     runner_key.set_defaults(func=cmd_runner_key)
+
+    view = sub.add_parser("view", help="check a bundle as inspect does and write (or serve) its run as one HTML page")
+    view.add_argument("bundle", help="the .ale bundle")
+    view.add_argument("--identity", required=True, help="age identity file (AGE-SECRET-KEY-1...)")
+    view.add_argument("--out", help="the HTML file to write (default: the bundle's name with .html; none with --serve)")
+    view.add_argument("--serve", action="store_true", help="serve the page on 127.0.0.1 until Ctrl-C")
+    view.add_argument("--port", type=int, default=0, help="the port for --serve (default 0: any free port)")
+    view.add_argument("--runner-public-key", action="append", default=[], metavar="BASE64", help="as for inspect")
+    view.set_defaults(func=cmd_view)
 
     inspect = sub.add_parser("inspect", help="decrypt a bundle, run the site's checks offline, show what it holds")
     inspect.add_argument("bundle", help="the .ale bundle")

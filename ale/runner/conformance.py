@@ -21,6 +21,7 @@ Needs pytest and pytest-trio (the ``dev`` extra).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -30,6 +31,8 @@ import signal
 import socket
 import stat
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,9 @@ from ale import catalog
 from ale.client import AleEnvClient
 from ale.runner import agent_env, sandbox
 from ale.runner.runtime import (
+    GATEWAY_PORT,
+    GATEWAY_SOCKET_PATH,
+    GATEWAY_URL,
     EvaluatorSpec,
     EvaluatorStartError,
     Limits,
@@ -105,6 +111,78 @@ class Box:
             n += 1
 
     def close(self) -> None:
+        self.listener.close()
+
+
+class StandInGateway:
+    """A Unix socket server standing in for the gateway (the attachment is tested, not the gateway).
+
+    What a connection's first four bytes say decides what it gets: ``ECHO``: everything it sends,
+    upper-cased, and EOF after its EOF; ``FLOW``: a line every 10 ms until the peer is gone (then
+    :attr:`gone` is set); anything else: one line ``refused`` and the end. Every connection's bytes
+    are recorded (:attr:`received`: their SHA-256 and length, in the order connections ended).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(64)
+        path.chmod(0o666)
+        self.received: list[tuple[bytes, int, str]] = []  # (first bytes, length, sha256)
+        self.gone = threading.Event()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        digest, first, total = hashlib.sha256(), b"", 0
+        try:
+            while len(first) < 4 and (data := conn.recv(4 - len(first))):
+                first += data
+            digest.update(first)
+            total = len(first)
+            if first == b"FLOW":
+                self._flow(conn)
+            elif first == b"ECHO":
+                conn.sendall(first)
+                while data := conn.recv(65536):
+                    digest.update(data)
+                    total += len(data)
+                    conn.sendall(data.upper())
+                conn.shutdown(socket.SHUT_WR)
+            else:
+                conn.settimeout(0.5)
+                with contextlib.suppress(OSError):
+                    while data := conn.recv(65536):
+                        digest.update(data)
+                        total += len(data)
+                conn.sendall(b"refused\n")
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            with self._lock:
+                self.received.append((first, total, digest.hexdigest()))
+
+    def _flow(self, conn: socket.socket) -> None:
+        try:
+            for i in range(100_000):
+                conn.sendall(b"chunk %d\n" % i)
+                time.sleep(0.01)
+        except OSError:
+            self.gone.set()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
 
 
@@ -558,3 +636,185 @@ class RuntimeConformance:
         assert int(report["CapPrm"][0], 16) == 0
         assert int(report["CapBnd"][0], 16) == 0
         assert report["NoNewPrivs"] == ["1"]
+
+    # --- the gateway attachment -----------------------------------------------------------------
+
+    @pytest.fixture
+    def gateway(self, runtime: Runtime, box: Box) -> Iterator[StandInGateway]:
+        """A stand-in gateway socket in the box's folder (skips a backend without the attachment)."""
+        if Network.GATEWAY not in runtime.networks:
+            pytest.skip(f"{runtime.name} has no gateway attachment")
+        made = StandInGateway(box.folder / "gateway.sock")
+        try:
+            yield made
+        finally:
+            made.close()
+
+    @staticmethod
+    def _gateway_spec(box: Box, gateway: StandInGateway, code: str, **kw: Any) -> SandboxSpec:
+        return attrs.evolve(box.spec(code, **kw), network=Network.GATEWAY, gateway_socket=gateway.path)
+
+    async def test_gateway_relay_splices_tcp_to_the_gateway_socket(
+        self, runtime: Runtime, box: Box, gateway: StandInGateway
+    ) -> None:
+        """The relay on the sandbox's loopback carries every byte both ways, many connections at once;
+        the socket itself is at its contract path; the two attachment variables are set."""
+        code = (
+            "import hashlib, json, os, socket, threading\n"
+            f"PORT, SOCK = {GATEWAY_PORT}, {GATEWAY_SOCKET_PATH!r}\n"
+            "r = {'env': [os.environ.get('ALE_GATEWAY_SOCKET'), os.environ.get('ALE_GATEWAY_URL')], 'ok': []}\n"
+            "def one(i, family, addr):\n"
+            "    body = hashlib.sha256(b'%d' % i).digest() * (4096 * (1 + i % 8))\n"
+            "    s = socket.socket(family, socket.SOCK_STREAM)\n"
+            "    s.settimeout(20)\n"
+            "    s.connect(addr)\n"
+            "    def send():\n"
+            "        s.sendall(b'ECHO' + body)\n"
+            "        s.shutdown(socket.SHUT_WR)\n"
+            "    threading.Thread(target=send).start()  # both ways at once\n"
+            "    got = bytearray()\n"
+            "    while data := s.recv(65536):\n"
+            "        got += data\n"
+            "    s.close()\n"
+            "    r['ok'].append(bytes(got) == b'ECHO' + body.upper())\n"
+            "tcp = ('127.0.0.1', PORT)\n"
+            "threads = [threading.Thread(target=one, args=(i, socket.AF_INET, tcp)) for i in range(24)]\n"
+            "threads.append(threading.Thread(target=one, args=(99, socket.AF_UNIX, SOCK)))\n"
+            "for t in threads: t.start()\n"
+            "for t in threads: t.join()\n"
+            "print('REPORT ' + json.dumps(r), flush=True)\n"
+        )
+        lines = Lines()
+        result = await runtime.run_sandboxed(self._gateway_spec(box, gateway, code), lines)
+        assert result.exit_status == 0, lines.lines
+        report = lines.report()
+        assert report["env"] == [GATEWAY_SOCKET_PATH, GATEWAY_URL]
+        assert report["ok"] == [True] * 25
+        with trio.fail_after(10):
+            while len(gateway.received) < 25:  # noqa: ASYNC110 - the stand-in's threads
+                await trio.sleep(0.05)
+        expected = {
+            hashlib.sha256(b"ECHO" + hashlib.sha256(b"%d" % i).digest() * (4096 * (1 + i % 8))).hexdigest()
+            for i in [*range(24), 99]
+        }
+        assert {digest for _first, _n, digest in gateway.received} == expected
+
+    async def test_gateway_attachment_reaches_the_gateway_and_nothing_else(
+        self, runtime: Runtime, box: Box, gateway: StandInGateway
+    ) -> None:
+        """No route out with the gateway either; the relay passes bytes to the socket only, whatever
+        they ask for (a CONNECT to a public host arrives at the gateway as those bytes)."""
+        host = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        host.bind(("127.0.0.1", 0))
+        host.listen(8)
+        host.setblocking(False)
+        port = host.getsockname()[1]
+        request = b"CONNECT 1.1.1.1:443 HTTP/1.1\r\nHost: 1.1.1.1:443\r\n\r\n"
+        code = (
+            "import json, socket\n"
+            "r = {}\n"
+            f"for name, addr in [('public', ('1.1.1.1', 53)), ('host_loopback', ('127.0.0.1', {port})),\n"
+            "                   ('public_v6', ('2606:4700:4700::1111', 53))]:\n"
+            "    try:\n"
+            "        socket.create_connection(addr, timeout=3).close()\n"
+            "        r[name] = 'connected'\n"
+            "    except OSError as exc:\n"
+            "        r[name] = type(exc).__name__\n"
+            "try:\n"
+            "    socket.getaddrinfo('example.com', 443)\n"
+            "    r['dns'] = 'resolved'\n"
+            "except OSError as exc:\n"
+            "    r['dns'] = type(exc).__name__\n"
+            f"s = socket.create_connection(('127.0.0.1', {GATEWAY_PORT}), timeout=10)\n"
+            f"s.sendall({request!r})\n"
+            "s.shutdown(socket.SHUT_WR)\n"
+            "r['reply'] = s.recv(100).decode()\n"
+            "print('REPORT ' + json.dumps(r), flush=True)\n"
+        )
+        lines = Lines()
+        try:
+            result = await runtime.run_sandboxed(self._gateway_spec(box, gateway, code), lines)
+            try:
+                host.accept()[0].close()
+                reached = True
+            except BlockingIOError:
+                reached = False
+        finally:
+            host.close()
+        assert result.exit_status == 0, lines.lines
+        report = lines.report()
+        assert report["public"] != "connected"
+        assert report["public_v6"] != "connected"
+        assert report["host_loopback"] != "connected"
+        assert report["dns"] == "gaierror"
+        assert not reached
+        assert report["reply"] == "refused\n"
+        assert gateway.received == [(request[:4], len(request), hashlib.sha256(request).hexdigest())]
+
+    async def test_gateway_relay_keeps_the_commands_exit_status_and_signals(
+        self, runtime: Runtime, box: Box, gateway: StandInGateway
+    ) -> None:
+        """The command runs as it would without the relay: its exit status, its SIGTERM handler at
+        the wall time (the relay still serves it then), no relay among its children."""
+        exited = await runtime.run_sandboxed(self._gateway_spec(box, gateway, "import sys; sys.exit(7)"), Lines())
+        assert (exited.exit_status, exited.stopped_for) == (7, "")
+        code = (
+            "import os, signal, socket, sys, time\n"
+            "def bye(*_):\n"
+            f"    s = socket.create_connection(('127.0.0.1', {GATEWAY_PORT}), timeout=5)\n"
+            "    s.sendall(b'ECHO after sigterm')\n"
+            "    s.shutdown(socket.SHUT_WR)\n"
+            "    print('terminated', s.recv(100).decode(), flush=True)\n"
+            "    sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye)\n"
+            "try:\n"
+            "    os.waitpid(-1, os.WNOHANG)\n"
+            "    print('a child', flush=True)\n"
+            "except ChildProcessError:\n"
+            "    print('no children', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        lines = Lines()
+        result = await runtime.run_sandboxed(self._gateway_spec(box, gateway, code, wall_time_s=2), lines)
+        assert result.stopped_for == "wall_time"
+        assert lines.of("stdout") == ["no children", "terminated ECHO AFTER SIGTERM"], lines.lines
+
+    async def test_the_agent_dropping_its_connection_reaches_the_gateway(
+        self, runtime: Runtime, box: Box, gateway: StandInGateway
+    ) -> None:
+        """A client that goes away mid-stream is gone for the gateway too (the relay closes its side)."""
+        code = (
+            f"import socket, time\ns = socket.create_connection(('127.0.0.1', {GATEWAY_PORT}), timeout=10)\n"
+            "s.sendall(b'FLOW')\n"
+            "data = b''\n"
+            "while data.count(b'\\n') < 3:\n"
+            "    data += s.recv(100)\n"
+            "s.close()\n"
+            "print('dropped', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        lines = Lines()
+        done = trio.Event()
+
+        async def run() -> None:
+            await runtime.run_sandboxed(self._gateway_spec(box, gateway, code, wall_time_s=30), lines)
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            with trio.fail_after(20):
+                while not gateway.gone.is_set():  # noqa: ASYNC110 - the stand-in's thread
+                    await trio.sleep(0.05)
+            assert not done.is_set()  # the sandbox still runs: the drop alone reached the gateway
+            nursery.cancel_scope.cancel()
+        assert lines.of("stdout") == ["dropped"]
+
+    async def test_a_missing_gateway_socket_is_a_sandbox_error(
+        self, runtime: Runtime, box: Box, gateway: StandInGateway
+    ) -> None:
+        spec = attrs.evolve(
+            box.spec("open('/workspace/ran', 'w')"), network=Network.GATEWAY, gateway_socket=box.folder / "none.sock"
+        )
+        with pytest.raises(SandboxError, match="gateway socket"):
+            await runtime.run_sandboxed(spec, Lines())
+        assert not (box.workspace / "ran").exists()

@@ -18,7 +18,6 @@ import functools
 import hashlib
 import importlib
 import json
-import math
 import os
 import secrets
 import shutil
@@ -26,7 +25,7 @@ import signal
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -42,6 +41,7 @@ from ale.env.v1 import env_pb2 as pb
 from ale.policy import MAX_POLICY_BYTES
 from ale.runner import agent_env
 from ale.runner._groups import collapse
+from ale.runner.network import GATEWAY_PHASES, NO_NETWORK, NetworkError, RunNetwork, open_network
 from ale.runner.options import RunOptions
 from ale.runner.progress import Progress
 from ale.runner.recorder import Recorder, clip_text, open_recorder
@@ -53,12 +53,14 @@ from ale.runner.runtime import (
     EvaluatorSpec,
     EvaluatorStartError,
     LineSink,
+    Network,
     Runtime,
     SandboxError,
     SandboxSpec,
     sandbox_path,
 )
 from ale.runner.sandbox import SANDBOX_UID
+from ale.runner.tails import EvaluatorTail
 
 if TYPE_CHECKING:
     from ale.client import AleEnvClient
@@ -66,9 +68,6 @@ if TYPE_CHECKING:
 AGENT_EVENT_KINDS = frozenset(grammar.AGENT_CHANNEL_KINDS)  # what the agent may write on ALE_EVENT_FD
 #: an event-channel line is parsed only up to this size (the runtime cuts longer lines)
 MAX_EVENT_LINE = 64 * 1024
-#: an evaluator log line is parsed only up to this size (a gRPC request, and so an id the line
-#: echoes, is at most 4 MiB); a longer one is counted and skipped, and a poll reads at most this much
-MAX_EVALUATOR_LINE = 8 * 1024 * 1024
 POLICY_ENTRYPOINT = "policy"
 POLICY_ARTIFACT = "policy.safetensors"
 
@@ -129,6 +128,7 @@ class TaskOutcome:
     agent: dict[str, Any] = attrs.Factory(dict)
     artifact: dict[str, Any] | None = None
     episodes: int = 0
+    network: dict[str, str] = attrs.Factory(lambda: dict(NO_NETWORK))  # each phase's policy (manifest)
 
     def entry(self) -> dict[str, Any]:
         s = self.task.spec
@@ -199,7 +199,7 @@ def task_results_json(run_id: str, outcomes: list[TaskOutcome]) -> dict[str, Any
     return {"schema": TASK_RESULTS_SCHEMA, "run_id": run_id, "tasks": [o.entry() for o in outcomes]}
 
 
-def _task_readme(task: catalog.Task) -> str:
+def _task_readme(task: catalog.Task, gateway: bool = False) -> str:
     s = task.spec
     policy = (
         f"an executable {WORKSPACE_PATH}/{POLICY_ENTRYPOINT} (it is run with ALE_ENV_ID, the eval-session handle)"
@@ -210,119 +210,14 @@ def _task_readme(task: catalog.Task) -> str:
         f"# {s.id} {s.version}: {s.title}\n\n"
         f"Read {TASK_PATH}/paper.md. Talk to the evaluator at unix:{SOCKET_PATH} with `ale.client`.\n"
         f"Leave {policy}.\nBudgets: {s.budgets.wall_time_s} s wall time, {s.budgets.env_steps} environment steps, "
-        f"{s.budgets.llm_tokens} LLM tokens. There is no network.\n"
+        f"{s.budgets.llm_tokens} LLM tokens. "
+        + (
+            "The only way out is the LLM gateway while the agent works (OPENAI_BASE_URL, ANTHROPIC_BASE_URL, "
+            "ALE_GATEWAY_URL); the policy has none.\n"
+            if gateway
+            else "There is no network.\n"
+        )
     )
-
-
-class EvaluatorTail:
-    """Turns the evaluator's JSONL event log into trusted_evaluator events, incrementally.
-
-    Each line is parsed with :func:`~ale.core.parse.parse_json`; one that cannot be read becomes an
-    ``unreadable_evaluator_event``. The lines about the agent's own calls (the agent endpoint's RPCs,
-    its practice batches) are charged to the ``evaluator`` channel's budget; the evaluator's
-    other lines (the official evaluation's) are always recorded.
-    """
-
-    def __init__(self, path: Path, recorder: Recorder, task_ref: str) -> None:
-        self.path, self.recorder, self.task_ref = path, recorder, task_ref
-        self.offset = 0
-        self.partial = b""
-        self.skipping = 0  # bytes of an over-long line being skipped (0: none)
-        self.agent_env_steps = 0
-        self.last_monotonic = 0.0
-        self._lock = trio.Lock()  # one poll at a time (the background loop, the watchdog, a drain)
-
-    def _read(self) -> bytes:
-        try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                data = fh.read(MAX_EVALUATOR_LINE)
-        except FileNotFoundError:
-            return b""
-        self.offset += len(data)
-        return data
-
-    async def poll(self, reads: int | None = 4) -> None:
-        """Record the complete lines written since the last poll: at most ``reads`` times
-        MAX_EVALUATOR_LINE bytes of them (so that a flood cannot hold the caller), or all (None)."""
-        async with self._lock:
-            while reads is None or reads > 0:
-                data = await trio.to_thread.run_sync(self._read)
-                if not data:
-                    return
-                for line in self._lines(data):
-                    self._record(line)
-                reads = None if reads is None else reads - 1
-
-    async def drain(self) -> None:
-        """Record every line the evaluator has written (once the agent's processes are gone)."""
-        await self.poll(None)
-
-    def _lines(self, data: bytes) -> list[bytes]:
-        """The complete lines in ``data`` (after what was kept of the last read); an over-long
-        line is skipped to its end and noted."""
-        if self.skipping:
-            cut = data.find(b"\n")
-            if cut < 0:
-                self.skipping += len(data)
-                return []
-            self._unreadable(f"a line of {self.skipping + cut} bytes exceeds {MAX_EVALUATOR_LINE}")
-            self.skipping, data = 0, data[cut + 1 :]
-        *lines, rest = (self.partial + data).split(b"\n")
-        self.partial = rest
-        if len(rest) > MAX_EVALUATOR_LINE:
-            self.skipping, self.partial = len(rest), b""
-        return lines
-
-    def _unreadable(self, reason: str, size: int = 0) -> None:
-        if self.recorder.admit("evaluator", size):
-            data = {"task": self.task_ref, "reason": reason}
-            self.recorder.emit("trusted_harness", "unreadable_evaluator_event", data, channel="evaluator")
-
-    def _record(self, line: bytes) -> None:
-        parsed = _evaluator_line(line)
-        if isinstance(parsed, str):
-            self._unreadable(parsed, len(line))
-            return
-        kind, wall, mono, event = parsed
-        steps = event.get("agent_env_steps_total")
-        if type(steps) is int:
-            self.agent_env_steps = max(self.agent_env_steps, steps)
-        agents = event.get("endpoint") == "agent" or (kind == "batch_submitted" and event.get("official") is not True)
-        channel = "evaluator" if agents else None
-        if agents and not self.recorder.admit("evaluator", len(line)):
-            return
-        mono = max(mono, self.last_monotonic)  # one producer, one clock: never backwards
-        self.last_monotonic = mono
-        event["evaluator_seq"] = event.pop("seq", None)
-        data = {"task": self.task_ref, **event}
-        self.recorder.emit("trusted_evaluator", kind, data, wall_time=wall, monotonic=mono, channel=channel)
-
-    async def run(self) -> None:
-        while True:
-            await self.poll()
-            await trio.sleep(0.25)
-
-
-_YEAR_10000 = 253_402_300_800.0
-
-
-def _evaluator_line(line: bytes) -> tuple[str, float, float, dict[str, Any]] | str:
-    """(kind, wall time, monotonic time, the rest) of an evaluator log line, or why it cannot be read."""
-    try:
-        event = parse_json(line, what="evaluator log line", max_bytes=MAX_EVALUATOR_LINE)
-    except ParseError as exc:
-        return clip_text(str(exc), 512)
-    if type(event) is not dict:
-        return "not a JSON object"
-    kind, wall, mono = event.pop("kind", None), event.pop("wall_time", None), event.pop("monotonic", None)
-    if type(kind) is not str:
-        return "no kind"
-    if type(wall) not in (int, float) or type(mono) not in (int, float) or not 0 <= wall < _YEAR_10000:
-        return "wall_time and monotonic must be numbers (seconds)"
-    if not math.isfinite(mono):
-        return "monotonic must be finite"
-    return kind, float(wall), float(mono), event
 
 
 def _agent_sink(recorder: Recorder, task_ref: str, prefix: str = "", phase: str = "agent") -> LineSink:
@@ -365,25 +260,25 @@ def _channel_event(line: bytes) -> tuple[str, dict[str, Any]] | str:
     return kind, data
 
 
-def _prepare_dirs(root: Path, task: catalog.Task) -> tuple[Path, Path, Path]:
-    """(task files, workspace, agent socket folder) for one task."""
+def _prepare_dirs(root: Path, task: catalog.Task, gateway: bool = False) -> tuple[Path, Path]:
+    """(task files, workspace) for one task, and the folder of its evaluator's agent socket."""
     task_dir = root / "tasks" / task.spec.id
     task_dir.mkdir(parents=True)
     (task_dir / "paper.md").write_text(task.paper, encoding="utf-8")
     (task_dir / "task.json").write_text(json.dumps(_public_task_json(task), indent=2) + "\n", encoding="utf-8")
-    (task_dir / "README.md").write_text(_task_readme(task), encoding="utf-8")
+    (task_dir / "README.md").write_text(_task_readme(task, gateway), encoding="utf-8")
     for p in [task_dir, *task_dir.iterdir()]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     workspace = root / "workspace" / task.spec.id
     workspace.mkdir(parents=True)
-    sockets = root / "agent-sockets" / task.spec.id
+    sockets = evaluator_sockets(root, task.spec.id)[0].parent
     sockets.mkdir(parents=True)
     sockets.chmod(0o755)
     if os.geteuid() == 0:
         os.chown(workspace, SANDBOX_UID, SANDBOX_UID)
     for p in (root / "tasks", root / "workspace", root / "agent-sockets"):
         p.chmod(0o755)
-    return task_dir, workspace, sockets
+    return task_dir, workspace
 
 
 def _public_task_json(task: catalog.Task) -> dict[str, Any]:
@@ -406,6 +301,32 @@ async def _left_policy(path: Path, what: str, outcome: TaskOutcome, *, executabl
     return info
 
 
+#: The longest path a Unix socket can be bound at (sun_path holds 108 bytes with its NUL).
+MAX_SOCKET_PATH = 107
+
+
+def evaluator_sockets(root: Path, task_id: str) -> tuple[Path, Path]:
+    """A task's evaluator endpoints: (the agent's, in a folder the sandbox binds it from; the harness's)."""
+    return root / "agent-sockets" / task_id / "evaluator.sock", root / "private" / f"{task_id}.harness.sock"
+
+
+def gateway_sockets(root: Path) -> tuple[Path, Path]:
+    """The run's gateway: (its agent socket, in a folder of its own; its control socket, private)."""
+    return root / "gateway" / "agent.sock", root / "private" / "gateway.control.sock"
+
+
+def _check_socket_paths(root: Path, tasks: tuple[str, ...], gateway: bool) -> None:
+    """Refuse a run folder whose sockets could not be bound (a long TMPDIR or --workdir), up front."""
+    paths = [p for ref in tasks for p in evaluator_sockets(root, catalog.get_task(ref).spec.id)]
+    paths += gateway_sockets(root) if gateway else ()
+    for path in paths:
+        if len(os.fsencode(path)) > MAX_SOCKET_PATH:
+            raise RunError(
+                f"the run folder {root} is too deep for Unix sockets: {path} would be {len(os.fsencode(path))} "
+                f"bytes, at most {MAX_SOCKET_PATH}; use a shorter TMPDIR or --workdir"
+            )
+
+
 class Harness:
     def __init__(self, options: RunOptions, runtime: Runtime, progress: Progress) -> None:
         self.options = options
@@ -415,6 +336,7 @@ class Harness:
         self._signalled = False
         self._assembling: Background[agent_env.AgentEnv] | None = None  # the agent's environment, started by run
         self._prestart_next = False  # another task follows the current one
+        self._network: RunNetwork | None = None  # the run's LLM gateway, while it runs
 
     def _env(self, task: catalog.Task) -> dict[str, str]:
         s = task.spec
@@ -447,7 +369,9 @@ class Harness:
             catalog.get_task(ref)
         root = await trio.to_thread.run_sync(self._setup)
         attesting = Background(self.runtime.attestation)
-        self._assembling = Background(functools.partial(agent_env.ensure, self.options.agent.modules))
+        self._assembling = Background(
+            functools.partial(agent_env.ensure, self.options.agent.modules, packages=self.options.agent.packages)
+        )
         private = root / "private"
         trajectory = private / "events.jsonl"
         started = time.time()
@@ -464,9 +388,7 @@ class Harness:
                                 nursery.start_soon(attesting.run)
                                 nursery.start_soon(self._assembling.run)
                                 nursery.start_soon(trio.to_thread.run_sync, _preload)
-                                for i, ref in enumerate(self.options.tasks):
-                                    self._prestart_next = i + 1 < len(self.options.tasks)
-                                    outcomes.append(await self._run_task(catalog.get_task(ref), root, private, rec))
+                                await self._run_tasks(root, private, rec, outcomes)
                                 attestation = await attesting.result()
                                 environment = await self._agent_env()
                                 nursery.cancel_scope.cancel()
@@ -509,6 +431,22 @@ class Harness:
             agent_env=environment,
         )
 
+    async def _run_tasks(self, root: Path, private: Path, rec: Recorder, outcomes: list[TaskOutcome]) -> None:
+        """Every task in order, with the run's gateway (if any) up for all of them."""
+        tasks = [catalog.get_task(ref) for ref in self.options.tasks]
+        llm_tokens = [t.spec.budgets.llm_tokens for t in tasks]
+        try:
+            sockets = gateway_sockets(root)
+            async with open_network(self.run_id, self.options.upstreams, llm_tokens, sockets, private, rec) as network:
+                self._network = network
+                for i, task in enumerate(tasks):
+                    self._prestart_next = i + 1 < len(tasks)
+                    outcomes.append(await self._run_task(task, root, private, rec))
+        except NetworkError as exc:
+            raise RunError(str(exc)) from None
+        finally:
+            self._network = None
+
     def _run_started(self) -> dict[str, Any]:
         return {
             "nonce": self.options.nonce,
@@ -517,7 +455,12 @@ class Harness:
             "tasks": [catalog.get_task(t).spec.ref for t in self.options.tasks],
             "release": self.options.release_name,
             "release_sha256": self.options.release_sha256,
-            "agent": {"name": self.options.agent.name, "command": list(self.options.agent.command)},
+            "agent": {
+                "name": self.options.agent.name,
+                "command": list(self.options.agent.command),
+                "packages": list(self.options.agent.packages),
+            },
+            "llm_upstreams": [{"name": u.name, "api": u.api} for u in self.options.upstreams],
             "runtime": self.runtime.name,
             "sandbox": self.runtime.sandbox,
         }
@@ -526,6 +469,11 @@ class Harness:
         """Blocking set-up, run in a worker thread: check the runtime, make the run folder."""
         self.runtime.check()
         root = Path(tempfile.mkdtemp(prefix="ale-run-", dir=self.options.workdir))
+        try:
+            _check_socket_paths(root, self.options.tasks, bool(self.options.upstreams))
+        except RunError:
+            root.rmdir()
+            raise
         root.chmod(0o711)  # the sandbox uid may traverse to its bind sources, not list them
         (root / "private").mkdir(mode=0o700)
         return root
@@ -557,13 +505,14 @@ class Harness:
     async def _run_task(self, task: catalog.Task, root: Path, private: Path, rec: Recorder) -> TaskOutcome:
         s = task.spec
         outcome = TaskOutcome(task=task)
-        task_dir, workspace, sockets = await trio.to_thread.run_sync(_prepare_dirs, root, task)
+        task_dir, workspace = await trio.to_thread.run_sync(_prepare_dirs, root, task, self._network is not None)
         config = json.dumps({"run_id": self.run_id, "secret": secrets.token_hex(32)}).encode()
+        agent_socket, harness_socket = evaluator_sockets(root, s.id)
         spec = EvaluatorSpec(
             task_id=s.id,
             run_config=config,
-            agent_socket=sockets / "evaluator.sock",
-            harness_socket=private / f"{s.id}.harness.sock",
+            agent_socket=agent_socket,
+            harness_socket=harness_socket,
             events_path=private / f"{s.id}.evaluator.jsonl",
         )
         self.progress.phase(s.id, "evaluator", "starting")
@@ -622,42 +571,25 @@ class Harness:
         s = task.spec
         budget_s = self._agent_time(task)
         command = self.options.agent.command
+        network = self._network
         self.progress.phase(s.id, "agent", f"{self.options.agent.name}: {budget_s:.0f} s budget")
+        if network is not None:
+            await network.open_for(s.ref)
+            outcome.network = dict(GATEWAY_PHASES)
         rec.emit(
             "trusted_harness",
             "agent_started",
             {"task": s.ref, "command": list(command), "wall_time_budget_s": budget_s},
         )
-        started = time.monotonic()
         rec.open_channel("agent", s.ref)
-
-        async def should_stop() -> str:
-            await tail.poll()
-            self.progress.update(
-                s.id,
-                f"{time.monotonic() - started:.0f}/{budget_s:.0f} s, "
-                f"{tail.agent_env_steps}/{s.budgets.env_steps} env steps",
-            )
-            if not ev.alive():
-                return "evaluator_died"
-            return "env_steps" if tail.agent_env_steps > s.budgets.env_steps else ""
-
         result = await self.runtime.run_sandboxed(
-            SandboxSpec(
-                command=command,
-                workspace=workspace,
-                workspace_writable=True,
-                task_dir=task_dir,
-                evaluator_socket=ev.agent_socket,
-                env=self._env(task),
-                limits=self.options.limits,
-                wall_time_s=budget_s,
-                agent_env=await self._agent_env(),
-            ),
+            self._agent_spec(task, ev, task_dir, workspace, budget_s, await self._agent_env()),
             _agent_sink(rec, s.ref),
-            should_stop=should_stop,
+            should_stop=self._agent_watch(task, ev, tail, time.monotonic(), budget_s),
         )
         rec.close_channel("agent")
+        if network is not None:
+            await self._end_agent_network(network)
         outcome.agent = {
             "exit_status": result.exit_status,
             "stopped_for": result.stopped_for,
@@ -672,6 +604,64 @@ class Harness:
         rec.emit("trusted_harness", "agent_finished", {"task": s.ref, **outcome.agent})
         if result.stopped_for == "evaluator_died":
             raise RunError(f"the evaluator of {s.id} died while the agent ran:\n{ev.stderr_tail()}")
+        if network is not None and not network.alive():
+            raise RunError(f"{s.id}: {network.died()}")
+
+    def _agent_spec(
+        self,
+        task: catalog.Task,
+        ev: EvaluatorHandle,
+        task_dir: Path,
+        workspace: Path,
+        budget_s: float,
+        environment: agent_env.AgentEnv,
+    ) -> SandboxSpec:
+        """The agent's sandbox: attached to the gateway when the run has one."""
+        network = self._network
+        env = self._env(task) | (network.sandbox_env() if network is not None else {})
+        return SandboxSpec(
+            command=self.options.agent.command,
+            workspace=workspace,
+            workspace_writable=True,
+            task_dir=task_dir,
+            evaluator_socket=ev.agent_socket,
+            env=env,
+            limits=self.options.limits,
+            wall_time_s=budget_s,
+            agent_env=environment,
+            network=Network.NONE if network is None else Network.GATEWAY,
+            gateway_socket=None if network is None else network.agent_socket,
+        )
+
+    def _agent_watch(
+        self, task: catalog.Task, ev: EvaluatorHandle, tail: EvaluatorTail, started: float, budget_s: float
+    ) -> Callable[[], Awaitable[str]]:
+        """The agent phase's should_stop: the env-step budget, the evaluator's and the gateway's deaths."""
+        s, network = task.spec, self._network
+
+        async def should_stop() -> str:
+            await tail.poll()
+            self.progress.update(
+                s.id,
+                f"{time.monotonic() - started:.0f}/{budget_s:.0f} s, "
+                f"{tail.agent_env_steps}/{s.budgets.env_steps} env steps"
+                + ("" if network is None else f", {network.progress()}"),
+            )
+            if not ev.alive():
+                return "evaluator_died"
+            if network is not None and not network.alive():
+                return "gateway_died"
+            return "env_steps" if tail.agent_env_steps > s.budgets.env_steps else ""
+
+        return should_stop
+
+    @staticmethod
+    async def _end_agent_network(network: RunNetwork) -> None:
+        """Close the gateway for the official evaluation (or, if it died, keep what it wrote)."""
+        if network.alive():
+            await network.close_for()
+        else:
+            await network.abandon()
 
     async def _official_phase(
         self,

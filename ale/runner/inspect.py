@@ -115,6 +115,7 @@ def passed_checks(report: Report) -> list[str]:
         "the canonical tar layout and the allow-list",
         "every document parsed, canonical, schema-valid, with no level claims",
         "the trajectory's hash chain" + (" and the challenge nonce bound in its first event" if challenge else ""),
+        "network_summary.json recomputed from the trajectory's network events",
         "the integrity root (file digests, Merkle root, chain head)",
         *(["the runner signature verifies"] if signed else []),
         *(["the signing key is a registered runner key"] if signed and report.registration_checked else []),
@@ -155,6 +156,7 @@ def report_json(report: Report) -> dict[str, Any]:
             "per_producer": report.chain.per_producer,
         },
         "tasks": [_task_json(t) for t in report.results.tasks],
+        "network": plain(report.docs.network),
         "scores": plain(report.claimed.tasks),
         "aggregate": plain(report.claimed.aggregate),
         "merkle_root": report.root,
@@ -162,6 +164,19 @@ def report_json(report: Report) -> dict[str, Any]:
         "checks": {"passed": passed_checks(report), "not_checked": list(report.not_checked)},
         "level_if_the_site_accepts_it": {"level": level, "notes": notes},
     }
+
+
+def _write_network(network: Mapping[str, Any], out: TextIO) -> None:
+    proxy, requests, usage = network["proxy"], network["requests"], network["usage"]
+    if proxy is None:
+        out.write("network: none (no LLM gateway)\n")
+        return
+    upstreams = ", ".join(f"{u['name']} ({u['api']}, {u['host']})" for u in proxy["upstreams"])
+    out.write(
+        f"network: {proxy['name']} {proxy['version']} to {upstreams}; {requests['total']} requests "
+        f"({requests['allowed']} allowed, {requests['denied']} denied), {usage['input_tokens']} input tokens "
+        f"({usage['cached_input_tokens']} cached), {usage['output_tokens']} output tokens\n"
+    )
 
 
 def _write_text(doc: Mapping[str, Any], out: TextIO) -> None:
@@ -178,6 +193,7 @@ def _write_text(doc: Mapping[str, Any], out: TextIO) -> None:
         if t["reason"]:
             line += f" ({t['reason']})"
         out.write(line + "\n")
+    _write_network(doc["network"], out)
     for s in doc["scores"]:
         out.write(f"  score {s['task']}: gap {s['gap']:.3f} x penalties -> {s['score']:.3f}, final {s['final']:.3f}\n")
     agg = doc["aggregate"]

@@ -136,37 +136,8 @@ def _signal_sandbox(pid: int, sig: int) -> None:
             os.killpg(pid, sig)
 
 
-class _Signals:
-    """Supervision's send_term and send_kill, to ``self.process`` alone (a trio.Process or a
-    subprocess.Popen: both have send_signal)."""
-
-    process: trio.Process | subprocess.Popen[bytes]
-
-    def send_term(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            self.process.send_signal(signal.SIGTERM)
-
-    def send_kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            self.process.send_signal(signal.SIGKILL)
-
-
 @attrs.define
-class _Child(_Signals):
-    """A child started by Trio as supervision's Killable: signals go to it alone."""
-
-    process: trio.Process
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.returncode
-
-    async def wait(self) -> int:
-        return await self.process.wait()
-
-
-@attrs.define
-class _Sandbox(_Child):
+class _Sandbox(supervise.ChildProcess):
     """A bubblewrap sandbox as supervision's Sandboxed: its output pipes and event channel."""
 
     stdout: trio.abc.ReceiveStream
@@ -184,7 +155,7 @@ class _Sandbox(_Child):
 
 
 @attrs.define
-class _Popen(_Signals):
+class _Popen(supervise.Signals):
     """A child started with subprocess (a prestarted evaluator) as supervision's Killable; it is
     waited for through a pidfd, so the Trio loop never blocks on it."""
 
@@ -263,7 +234,7 @@ class LocalRuntime:
     """Evaluator as a child process; the agent under bubblewrap."""
 
     name = "local"
-    networks = frozenset({Network.NONE})
+    networks = frozenset({Network.NONE, Network.GATEWAY})
 
     def __init__(self) -> None:
         self._sandbox_kind: str | None = None
@@ -386,7 +357,9 @@ class LocalRuntime:
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
         if spec.network not in self.networks:
-            raise SandboxError(f"the local runtime has no {spec.network.value!r} network attachment (only 'none')")
+            raise SandboxError(f"the local runtime has no {spec.network.value!r} network attachment")
+        if spec.gateway_socket is not None and not await trio.Path(spec.gateway_socket).is_socket():
+            raise SandboxError(f"the gateway socket {spec.gateway_socket} is not there")
         if spec.agent_env is None:  # the client library alone
             try:
                 spec = attrs.evolve(spec, agent_env=await trio.to_thread.run_sync(agent_env.ensure))

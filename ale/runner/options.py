@@ -4,12 +4,15 @@ can check its arguments and prestart the evaluator before the harness's code loa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from ale.core.release import ReleaseManifest
 from ale.runner.runtime import Limits
+
+if TYPE_CHECKING:
+    from ale.runner.gateway_proc import Upstream
 
 
 @attrs.frozen
@@ -18,6 +21,7 @@ class AgentSpec:
     command: tuple[str, ...]
     declared: dict[str, Any] = attrs.Factory(dict)  # model, effort tier: submitter-declared
     modules: tuple[str, ...] = ()  # ale modules of a bundled agent, put into its environment (agent_env)
+    packages: tuple[str, ...] = ()  # installed distributions put into its environment (--agent-package)
 
 
 @attrs.frozen
@@ -34,3 +38,4 @@ class RunOptions:
     nonce: str | None = None
     challenge_token: str | None = None
     workdir: Path | None = None
+    upstreams: tuple[Upstream, ...] = ()  # the LLM gateway's (none: the run has no network at all)

@@ -50,6 +50,7 @@ CAPS: Mapping[str, Caps] = {
     "trusted_harness": Caps(string_bytes=16 * KIB, line_bytes=256 * KIB),
     "trusted_evaluator": Caps(string_bytes=1 * KIB, line_bytes=16 * KIB),
     "untrusted_agent": Caps(string_bytes=64 * KIB, line_bytes=256 * KIB),
+    "trusted_network_proxy": Caps(string_bytes=64 * KIB, line_bytes=256 * KIB),
 }
 
 _HARNESS_CAPS = CAPS["trusted_harness"]
@@ -57,7 +58,7 @@ _HARNESS_CAPS = CAPS["trusted_harness"]
 #: The site refuses a bundle larger than this (ale.core.bundle.Limits.max_ciphertext).
 SITE_LIMIT = bundle.Limits().max_ciphertext
 #: Bytes of trajectory lines each channel may write in a run (split evenly between its tasks):
-#: 21/40 of the site's limit in all (10.5 MiB of 20 MiB), so that the channels' lines, even
+#: 27/40 of the site's limit in all (13.5 MiB of 20 MiB), so that the channels' lines, even
 #: incompressible, leave room for the harness's own events, the official evaluation's (an
 #: ``episode_end`` per episode, never dropped) and the seven other files. A channel is
 #: ``<phase>.<stream>``: one stream's flood does not silence the others.
@@ -69,6 +70,8 @@ BUDGETS: Mapping[str, int] = {
     "policy.stderr": SITE_LIMIT // 40,
     "policy.event": SITE_LIMIT // 40,
     "evaluator": SITE_LIMIT // 5,  # the evaluator's lines about the agent's own calls
+    "gateway": SITE_LIMIT // 8,  # the gateway's llm_request events with their messages (the agent phase)
+    "gateway.requests": SITE_LIMIT // 40,  # past that: llm_request events without their content
 }
 
 
@@ -136,6 +139,7 @@ class Allowance:
     used: int = 0
     dropped: int = 0
     dropped_bytes: int = 0
+    totals: dict[str, int] = attrs.Factory(dict)  # what the dropped events counted (Recorder.tally)
 
 
 class LineQueue:
@@ -202,18 +206,29 @@ class Recorder:
         allowance.dropped_bytes += size
         return False
 
+    def tally(self, channel: str, totals: Mapping[str, int]) -> None:
+        """Count one event the channel dropped whole, adding what it counted (an llm_request's
+        requests and tokens) to the totals its ``events_dropped`` event will carry."""
+        allowance = self._open.get(channel)
+        if allowance is None:
+            raise RuntimeError(f"no open channel {channel!r} to count a dropped event in")
+        for name, value in totals.items():
+            allowance.totals[name] = allowance.totals.get(name, 0) + value
+
     def close_channel(self, phase: str) -> None:
         """End the phase: for each of its channels that dropped events, an ``events_dropped`` event says how many."""
         for name in self._channels(phase):
             allowance = self._open.pop(name, None)
             if allowance is not None and allowance.dropped:
-                data = {
+                data: dict[str, Any] = {
                     "task": allowance.task,
                     "channel": name,
                     "budget_bytes": allowance.budget,
                     "events": allowance.dropped,
                     "bytes": allowance.dropped_bytes,
                 }
+                if allowance.totals:
+                    data["totals"] = dict(sorted(allowance.totals.items()))
                 self.emit("trusted_harness", "events_dropped", data)
 
     # -- events ------------------------------------------------------------------------------------

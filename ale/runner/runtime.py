@@ -39,6 +39,14 @@ SOCKET_PATH = "/ale/evaluator.sock"  # the evaluator's agent endpoint
 TASK_PATH = "/task"  # the task's paper and card, read-only
 WORKSPACE_PATH = "/workspace"  # the agent's workspace, its cwd and HOME
 EVENT_FD = 3  # the usual number of the event channel's descriptor (its number is in ALE_EVENT_FD)
+GATEWAY_SOCKET_PATH = "/ale/gateway.sock"  # the gateway's agent socket (Network.GATEWAY)
+GATEWAY_PORT = 27100  # the relay to it on the sandbox's own loopback: 127.0.0.1:GATEWAY_PORT
+GATEWAY_URL = f"http://127.0.0.1:{GATEWAY_PORT}"  # what ALE_GATEWAY_URL holds; /{upstream}/... routes
+
+
+def gateway_attachment_env() -> dict[str, str]:
+    """What a backend adds to the environment of a sandbox with the gateway attachment."""
+    return {"ALE_GATEWAY_SOCKET": GATEWAY_SOCKET_PATH, "ALE_GATEWAY_URL": GATEWAY_URL}
 
 
 def sandbox_path() -> str:
@@ -50,8 +58,10 @@ class Network(enum.Enum):
     """The sandbox's network attachment.
 
     ``NONE``: a network namespace of its own with only its loopback. ``GATEWAY``: that, plus the
-    socket of a gateway (``SandboxSpec.gateway_socket``) through which a later issue lets chosen
-    traffic out. The local runtime supports ``NONE`` only (a ``GATEWAY`` spec is a SandboxError).
+    socket of the LLM gateway (``SandboxSpec.gateway_socket``) at :data:`GATEWAY_SOCKET_PATH`, and a
+    relay on the sandbox's loopback (``127.0.0.1:``:data:`GATEWAY_PORT`) that splices TCP to it
+    (:mod:`ale._relay`), running before the command starts; the backend adds
+    :func:`gateway_attachment_env` to the environment. Nothing else is reachable either way.
     """
 
     NONE = "none"
@@ -82,7 +92,7 @@ class SandboxSpec:
     workspace_writable: bool
     task_dir: Path  # host folder mounted read-only at TASK_PATH
     evaluator_socket: Path  # host socket mounted at SOCKET_PATH
-    env: dict[str, str]  # the whole environment (plus ALE_EVENT_FD, which the runtime adds)
+    env: dict[str, str]  # the whole environment (plus ALE_EVENT_FD, and the gateway's two, which the runtime adds)
     limits: Limits = Limits()
     wall_time_s: float = 3600.0
     agent_env: AgentEnv | None = None  # the agent's Python (ale.runner.agent_env); the runtime's default when None

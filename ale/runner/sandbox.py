@@ -6,7 +6,9 @@ interface's (:mod:`ale.runner.runtime`). The sandbox gets no
 network namespace access (a fresh, empty network namespace: loopback only), its own PID, IPC
 and UTS namespaces, a private size-limited /tmp, its workspace, the read-only task files, the
 evaluator's agent socket, and its own read-only Python environment (:mod:`ale.runner.agent_env`);
-nothing else of the host. Its command runs under a seccomp filter (:mod:`ale.runner.seccomp`).
+nothing else of the host. With the gateway attachment it also gets the gateway's socket, and its
+command starts through the relay to it (:mod:`ale._relay`) on its own loopback. Its command runs
+under a seccomp filter (:mod:`ale.runner.seccomp`).
 As root it drops to an unprivileged uid (``setpriv``) with no
 capabilities and ``no_new_privs``, so the process-count limit is enforced by the kernel.
 """
@@ -20,7 +22,16 @@ from pathlib import Path
 
 from ale.runner.agent_env import MOUNT_POINT as PYTHON_PATH
 from ale.runner.agent_env import AgentEnv
-from ale.runner.runtime import SOCKET_PATH, TASK_PATH, WORKSPACE_PATH, Network, SandboxSpec
+from ale.runner.runtime import (
+    GATEWAY_PORT,
+    GATEWAY_SOCKET_PATH,
+    SOCKET_PATH,
+    TASK_PATH,
+    WORKSPACE_PATH,
+    Network,
+    SandboxSpec,
+    gateway_attachment_env,
+)
 
 SANDBOX_UID = 65534  # nobody: the sandbox uid without root (and without a claimed per-run uid)
 
@@ -74,8 +85,6 @@ def bwrap_argv(
     the sandbox's /tmp (else bwrap's ``--size`` tmpfs), ``cgroup_procs`` the sandbox cgroup's
     ``cgroup.procs`` files.
     """
-    if spec.network is not Network.NONE:
-        raise ValueError(f"the local runtime's sandbox has no {spec.network.value!r} network attachment")
     as_root = os.geteuid() == 0 if as_root is None else as_root
     lim = spec.limits
     argv = []
@@ -127,18 +136,38 @@ def bwrap_argv(
         "--dev", "/dev",
         "--perms", "0755", "--dir", "/ale",
         "--bind", str(spec.evaluator_socket), SOCKET_PATH,
+        *_gateway_mount(spec),
         "--ro-bind", str(spec.task_dir), TASK_PATH,
         "--bind" if spec.workspace_writable else "--ro-bind", str(spec.workspace), WORKSPACE_PATH,
         "--chdir", WORKSPACE_PATH,
     ]  # fmt: skip
     if seccomp_fd is not None:
         argv += ["--seccomp", str(seccomp_fd)]
-    for key, value in sorted(spec.env.items()):
+    env = spec.env | gateway_attachment_env() if spec.network is Network.GATEWAY else spec.env
+    for key, value in sorted(env.items()):
         argv += ["--setenv", key, value]
     argv.append("--")
     if as_root:
         argv += _drop_to(uid)
-    return argv + list(spec.command)
+    return argv + _relayed(spec)
+
+
+def _gateway_mount(spec: SandboxSpec) -> list[str]:
+    """The gateway's socket at GATEWAY_SOCKET_PATH (Network.GATEWAY), else nothing."""
+    if spec.network is Network.NONE:
+        return []
+    if spec.network is not Network.GATEWAY or spec.gateway_socket is None:
+        raise ValueError(f"the local runtime's sandbox has no {spec.network.value!r} network attachment")
+    return ["--bind", str(spec.gateway_socket), GATEWAY_SOCKET_PATH]
+
+
+def _relayed(spec: SandboxSpec) -> list[str]:
+    """The command, started through the relay to the gateway socket when the sandbox has one
+    (:mod:`ale._relay`: it binds the port, then execs the command in its own process)."""
+    if spec.network is not Network.GATEWAY:
+        return list(spec.command)
+    relay = [f"{PYTHON_PATH}/bin/python3", "-I", "-m", "ale._relay", str(GATEWAY_PORT), GATEWAY_SOCKET_PATH, "--"]
+    return [*relay, *spec.command]
 
 
 def _system_mounts() -> list[str]:

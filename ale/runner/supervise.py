@@ -11,7 +11,10 @@ through :class:`LineSplitter`, its start deadline with :func:`until_ready`, its 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -45,6 +48,35 @@ class Killable(Protocol):
 
     def send_kill(self) -> None:
         """Stop it at once (SIGKILL to everything it runs)."""
+
+
+class Signals:
+    """A :class:`Killable`'s send_term and send_kill, to ``self.process`` alone (a trio.Process or
+    a subprocess.Popen: both have send_signal)."""
+
+    process: trio.Process | subprocess.Popen[bytes]
+
+    def send_term(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGTERM)
+
+    def send_kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            self.process.send_signal(signal.SIGKILL)
+
+
+@attrs.define
+class ChildProcess(Signals):
+    """A child process (an evaluator, a gateway) as a :class:`Killable`: signals go to it alone."""
+
+    process: trio.Process
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.returncode
+
+    async def wait(self) -> int:
+        return await self.process.wait()
 
 
 class Sandboxed(Killable, Protocol):
