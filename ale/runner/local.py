@@ -267,6 +267,8 @@ class LocalRuntime:
         return {
             "runtime": "local",
             "sandbox": self.sandbox_kind,
+            "engine": None,  # no OCI engine,
+            "images": None,  # and no image: the installed code runs (code below)
             "isolation": self.isolation.describe(),
             "code": code_digest(),
         }

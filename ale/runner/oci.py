@@ -49,6 +49,8 @@ from ale.core.parse import ParseError, parse_json
 from ale.runner import agent_env, oci_cgroups, oci_launch, sandbox_fs, seccomp, supervise, uids
 from ale.runner._groups import collapse
 from ale.runner.runtime import (
+    GATEWAY_PORT,
+    GATEWAY_SOCKET_PATH,
     SOCKET_PATH,
     TASK_PATH,
     WORKSPACE_PATH,
@@ -61,6 +63,7 @@ from ale.runner.runtime import (
     SandboxError,
     SandboxResult,
     SandboxSpec,
+    gateway_attachment_env,
 )
 
 AGENT_IMAGE = "agent-base"
@@ -168,11 +171,17 @@ def launcher_source() -> str:
 
 
 def launcher_argv(spec: SandboxSpec, env: Mapping[str, str], *, events: str, seccomp_file: str) -> list[str]:
-    """The sandbox's first process (:mod:`ale.runner.oci_launch`) and the spec's command after it."""
+    """The sandbox's first process (:mod:`ale.runner.oci_launch`) and the spec's command after it;
+    with the gateway attachment the command starts through the relay to the gateway socket
+    (:mod:`ale._relay`, in the agent image), under the filter, as the local runtime starts it."""
+    command = list(spec.command)
+    if spec.network is Network.GATEWAY:
+        relay = [agent_env.PYTHON, "-I", "-m", "ale._relay", str(GATEWAY_PORT), GATEWAY_SOCKET_PATH, "--"]
+        command = [*relay, *command]
     return [
         agent_env.PYTHON, "-I", "-S", "-c", launcher_source(),
         "--as", str(spec.limits.memory_bytes), "--events", events, "--keep", ",".join(sorted(env)),
-        "--seccomp", seccomp_file, "--", *spec.command,
+        "--seccomp", seccomp_file, "--", *command,
     ]  # fmt: skip
 
 
@@ -215,6 +224,10 @@ def sandbox_argv(
         argv.append(f"--tmpfs=/tmp:rw,size={lim.tmp_bytes},mode=1777,nosuid,nodev")
     argv += [f"--volume={src}:{dest}:ro" for src, dest in binds]
     env = {**spec.env, "ALE_EVENT_FD": str(oci_launch.EVENT_FD)}
+    if spec.network is Network.GATEWAY:
+        assert spec.gateway_socket is not None  # SandboxSpec says so
+        argv.append(f"--volume={os.path.realpath(spec.gateway_socket)}:{GATEWAY_SOCKET_PATH}")
+        env |= gateway_attachment_env()
     argv += [f"--env={key}={value}" for key, value in sorted(env.items())]
     launch = launcher_argv(spec, env, events=f"{LAUNCH_DIR}/events", seccomp_file=f"{LAUNCH_DIR}/seccomp.bpf")
     return [*argv, image.ref, *launch]
@@ -517,7 +530,7 @@ class OciRuntime:
 
     name = "oci"
     engine = PODMAN
-    networks = frozenset({Network.NONE})
+    networks = frozenset({Network.NONE, Network.GATEWAY})
 
     def __init__(self, *, layouts: Path | None = None, lock: Path | None = None) -> None:
         self.layouts = Path(layouts or os.environ.get("ALE_IMAGES_DIR") or "out/images")
@@ -737,9 +750,9 @@ class OciRuntime:
         should_stop: Callable[[], Awaitable[str]] | None = None,
     ) -> SandboxResult:
         if spec.network not in self.networks:
-            raise SandboxError(
-                f"the {self.name} runtime has no {spec.network.value!r} network attachment (only 'none')"
-            )
+            raise SandboxError(f"the {self.name} runtime has no {spec.network.value!r} network attachment")
+        if spec.gateway_socket is not None and not await trio.Path(spec.gateway_socket).is_socket():
+            raise SandboxError(f"the gateway socket {spec.gateway_socket} is not there")
         c = await trio.to_thread.run_sync(self._ready)
         uid = c.uid.uid
         binds = module_binds(spec.agent_env)

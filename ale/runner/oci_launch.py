@@ -14,18 +14,27 @@ nothing of it is in the image, which holds nothing of the harness. In this order
 4. installs the local runtime's system-call filter (``--seccomp PATH``: the very BPF program
    :func:`ale.runner.seccomp.build` compiles for bubblewrap), on top of the engine's default
    profile; the filter is in force before the command's first instruction;
-5. execs the command (``PATH`` looked up in the kept environment).
+5. starts the command (``PATH`` looked up in the kept environment) and stays as the container's
+   first process, as bubblewrap's own stays for the local runtime: it passes SIGTERM, SIGINT,
+   SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 on to every other process of the container (``kill(-1)``),
+   reaps what is orphaned, and ends when the command does, with its exit status (128 + N for a
+   command killed by signal N); the engine then ends the rest. So the command is not the
+   namespace's PID 1 (which ignores SIGTERM without a handler), and a process it leaves behind
+   (the gateway relay, which forks itself away from the command) is no child of the command.
 
-Any failure ends it with status 126 (127: no such command) and one line on stderr; the command
-never runs without its filter.
+Any failure before the command starts ends it with status 126 (127: no such command) and one
+line on stderr; the command never runs without its filter.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 
 EVENT_FD = 3
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
 SECCOMP_MODE_FILTER = 2
@@ -94,10 +103,49 @@ def main(argv: list[str]) -> None:
             _install_filter(opts["--seccomp"])
     except (OSError, ValueError) as exc:
         _fail(f"cannot set up the sandbox: {exc}")
-    try:
-        os.execvpe(command[0], command, env)
-    except OSError as exc:
-        _fail(f"cannot run {command[0]}: {exc.strerror}", 127 if exc.errno == 2 else 126)
+    os._exit(_supervise(command, env))
+
+
+_child = 0
+
+
+def _forward(signum: int, _frame: object) -> None:
+    # From the namespace's first process, -1 is every other process in it; anywhere else (a test
+    # on the host) only the command.
+    with contextlib.suppress(OSError):
+        os.kill(-1 if os.getpid() == 1 else _child, signum)
+
+
+def _supervise(command: list[str], env: dict[str, str]) -> int:
+    """Run the command as a child; pass signals on, reap orphans; its exit status once it ends."""
+    for signum in FORWARDED:
+        signal.signal(signum, _forward)
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the child has its own dispositions
+    global _child
+    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    child = _child = os.fork()
+    if child == 0:
+        for signum in FORWARDED:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        try:
+            os.execvpe(command[0], command, env)
+        except OSError as exc:
+            os.write(write_end, f"{exc.errno} {exc.strerror}".encode())
+        os._exit(127)
+    os.close(write_end)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    failed = os.read(read_end, 512).decode(errors="replace")  # empty once the exec succeeded
+    os.close(read_end)
+    if failed:
+        number, _, reason = failed.partition(" ")
+        os.waitpid(child, 0)
+        _fail(f"cannot run {command[0]}: {reason}", 127 if number == "2" else 126)
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == child:
+            code = os.waitstatus_to_exitcode(status)
+            return code if code >= 0 else 128 - code
 
 
 if __name__ == "__main__":
