@@ -133,11 +133,15 @@ def test_the_sandbox_binds_the_evaluator_socket_a_link_names(tmp_path: Path) -> 
 
 
 def test_evaluator_argv_mounts_only_its_two_folders_with_limits(tmp_path: Path) -> None:
-    argv = evaluator_argv(PODMAN, ImageRef("evaluator", DIGEST), name="e", folder=tmp_path)
+    argv = evaluator_argv(PODMAN, ImageRef("evaluator", DIGEST), name="e", folder=tmp_path, pycache=None)
     assert [a for a in argv if a.startswith("--volume=")] == [
         f"--volume={tmp_path / 'agent'}:/ale/agent",
         f"--volume={tmp_path / 'harness'}:/ale/harness",
     ]
+    cached = evaluator_argv(PODMAN, ImageRef("evaluator", DIGEST), name="e", folder=tmp_path, pycache=tmp_path / "c")
+    assert f"--volume={tmp_path / 'c'}:/ale/pycache" in cached
+    assert "--env=PYTHONPYCACHEPREFIX=/ale/pycache" in cached
+    assert "--env=PYTHONDONTWRITEBYTECODE=" in cached  # the image says 1: the cache is written
     for flag in (
         "--interactive", "--user=10001:10001", "--network=none", "--read-only", "--cap-drop=ALL",
         "--security-opt=no-new-privileges", f"--pids-limit={oci.EVALUATOR_PROCESSES}",
@@ -469,6 +473,7 @@ async def test_podman_evaluator_event_log_and_sockets_at_the_specs_paths(podman_
         assert json.loads(spec.events_path.read_text().splitlines()[0])["kind"] == "evaluator_ready"
         assert not spec.agent_socket.exists()
         assert not spec.agent_socket.is_symlink()
+        podman_runtime.close()  # waits for the removals, which happen off the run's path
         assert not target.parent.exists()
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -24,16 +24,19 @@ runtimes", says what each does and why; in short:
 from __future__ import annotations
 
 import ast
+import atexit
 import contextlib
 import functools
 import hashlib
 import json
 import os
+import queue
 import secrets
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
@@ -84,6 +87,7 @@ EVALUATOR_PROCESSES = 512
 EVALUATOR_TMP_BYTES = 64 * 1024**2
 EVALUATOR_AGENT_DIR = "/ale/agent"  # the agent endpoint's socket (its host folder the sandbox never sees)
 EVALUATOR_HARNESS_DIR = "/ale/harness"  # the harness endpoint's socket and the event log
+EVALUATOR_PYCACHE = "/ale/pycache"  # the evaluator's byte code, kept per image (PYTHONPYCACHEPREFIX)
 
 
 def evaluator_cpus() -> float:
@@ -233,12 +237,18 @@ def sandbox_argv(
     return [*argv, image.ref, *launch]
 
 
-def evaluator_argv(engine: Engine, image: ImageRef, *, name: str, folder: Path) -> list[str]:
-    """``ENGINE run`` for an evaluator in standby: its code loaded, its job read from stdin."""
+def evaluator_argv(engine: Engine, image: ImageRef, *, name: str, folder: Path, pycache: Path | None) -> list[str]:
+    """``ENGINE run`` for an evaluator in standby: its code loaded, its job read from stdin; with
+    ``pycache``, its byte code kept there between runs of the same image (the images hold none)."""
+    cache = [] if pycache is None else [
+        f"--volume={pycache}:{EVALUATOR_PYCACHE}", f"--env=PYTHONPYCACHEPREFIX={EVALUATOR_PYCACHE}",
+        "--env=PYTHONDONTWRITEBYTECODE=",
+    ]  # fmt: skip
     return [
         *_common(engine, name),
         "--interactive",
         f"--user={EVALUATOR_USER}",
+        *cache,
         *_limits(
             memory=EVALUATOR_MEMORY_BYTES,
             processes=EVALUATOR_PROCESSES,
@@ -376,7 +386,7 @@ class _Standby:
             os.chown(folder / sub, uid, gid)
         try:
             process = subprocess.Popen(
-                evaluator_argv(engine, image, name=name, folder=folder),
+                evaluator_argv(engine, image, name=name, folder=folder, pycache=_pycache(image, uid)),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=folder,
             )  # fmt: skip
         except OSError:
@@ -500,11 +510,55 @@ def _state_file(name: str, data: bytes) -> Path:
     return path
 
 
+def _pycache(image: ImageRef, uid: int) -> Path | None:
+    """The evaluator image's byte-code folder (one an image digest, the evaluator's user's own, in
+    root's private state folder: no agent's container mounts it); None where it cannot be made."""
+    folder = _state_dir() / "pycache" / image.digest.replace(":", "-")
+    try:
+        folder.parent.mkdir(mode=0o711, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
+        os.chown(folder, uid, uid)
+    except OSError:
+        return None
+    return folder
+
+
 def _link(path: Path, target: Path) -> None:
     """``path`` as a symbolic link to ``target`` (what was there before replaced)."""
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     path.symlink_to(target)
+
+
+class _Reaper:
+    """Removes what ended (containers, their cgroups and folders) on a thread of its own, off the
+    run's path; :meth:`join` (``close()``, and the process's exit) waits until all of it is gone."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="ale-oci-reaper", daemon=True)
+                self._thread.start()
+                atexit.register(self.join)
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job()
+            except Exception:  # best effort: the next check() sweeps what a failure left
+                pass
+            finally:
+                self._jobs.task_done()
+        self._jobs.task_done()
+
+    def join(self) -> None:
+        self._jobs.join()
 
 
 # --- the backend --------------------------------------------------------------------------------
@@ -516,7 +570,6 @@ class _Checked:
 
     images: dict[str, ImageRef]
     images_doc: dict[str, Any]
-    engine_info: dict[str, str]
     filter: seccomp.Filter
     seccomp_file: Path
     empty: Path
@@ -537,6 +590,8 @@ class OciRuntime:
         self.lock = Path(lock or os.environ.get("ALE_IMAGES_LOCK") or "images/images.lock.json")
         self._checked: _Checked | None = None
         self._standby: _Standby | None = None
+        self._engine: dict[str, str] | None = None  # what the engine says of itself (attestation)
+        self._reaper = _Reaper()
 
     # --- check and attestation ----------------------------------------------------------------
 
@@ -575,14 +630,10 @@ class OciRuntime:
         if missing:
             raise RuntimeUnavailable(f"the lock {self.lock} names no {' or '.join(sorted(missing))} image")
         refs = [images[AGENT_IMAGE].ref, images[EVALUATOR_IMAGE].ref]
-        with _started(self._info_argv()) as info_run, _started(self._inspect_argv(refs)) as inspect_run:
-            info_out, info_err, info_rc = _finish(info_run)
+        with _started(self._inspect_argv(refs)) as inspect_run:
             _out, _err, inspect_rc = _finish(inspect_run)
-        if info_rc != 0:
-            raise RuntimeUnavailable(f"{self.engine.binary} does not work here: {info_err.strip()[-300:]}")
-        info = self._engine_info(info_out.encode())
-        if inspect_rc != 0:
-            self._load(images, info)
+        if inspect_rc != 0:  # missing images, or an engine that does not work: engine_info() says which
+            self._load(images, self.engine_info())
         try:
             flt = seccomp.build()
         except seccomp.SeccompUnavailable as exc:
@@ -601,7 +652,7 @@ class OciRuntime:
         except (uids.NoFreeUid, OSError) as exc:
             raise RuntimeUnavailable(f"no uid of the run's own: {exc}") from None
         self._checked = _Checked(
-            images=images, images_doc=doc, engine_info=info, filter=flt, seccomp_file=program_file, empty=empty,
+            images=images, images_doc=doc, filter=flt, seccomp_file=program_file, empty=empty,
             cgroups=layout, mounts=sandbox_fs.can_mount(), uid=claim,
         )  # fmt: skip
 
@@ -628,6 +679,17 @@ class OciRuntime:
             )  # fmt: skip
             if copy.returncode != 0:
                 raise RuntimeUnavailable(f"cannot load {image.name} into the engine: {copy.stderr.strip()[-300:]}")
+
+    def engine_info(self) -> dict[str, str]:
+        """The engine's name, version, server and OCI runtime (asked once: it takes the engine a
+        moment, so check() leaves it to the attestation, which the harness computes meanwhile)."""
+        if self._engine is None:
+            with _started(self._info_argv()) as info_run:
+                out, err, rc = _finish(info_run)
+            if rc != 0:
+                raise RuntimeUnavailable(f"{self.engine.binary} does not work here: {err.strip()[-300:]}")
+            self._engine = self._engine_info(out.encode())
+        return self._engine
 
     def _ready(self) -> _Checked:
         self.check()
@@ -657,7 +719,7 @@ class OciRuntime:
         return {
             "runtime": self.name,
             "sandbox": self.sandbox,
-            "engine": dict(c.engine_info),
+            "engine": dict(self.engine_info()),
             "images": c.images_doc,
             "code": {
                 "kind": "oci-images",
@@ -702,10 +764,12 @@ class OciRuntime:
             self._standby = None
 
     def close(self) -> None:
-        """Discard a prestarted evaluator nobody took."""
+        """Discard a prestarted evaluator nobody took, and wait until every container this runtime
+        ran is removed."""
         standby, self._standby = self._standby, None
         if standby is not None:
             standby.discard()
+        self._reaper.join()
 
     def _take_standby(self) -> _Standby:
         standby, self._standby = self._standby, None
@@ -727,6 +791,7 @@ class OciRuntime:
         except OSError as exc:
             await supervise.stop(standby)
             await trio.to_thread.run_sync(_keep_events, standby, spec)
+            self._reaper.submit(standby.discard)
             raise EvaluatorStartError(f"cannot start the evaluator: {exc}") from None
         handle = OciEvaluator(standby, f"unix:{spec.harness_socket}", spec.agent_socket, spec.events_path)
         try:
@@ -735,6 +800,7 @@ class OciRuntime:
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(_keep_events, standby, spec)
+            self._reaper.submit(standby.discard)
 
     # --- the workspace and the sandbox --------------------------------------------------------
 
@@ -772,11 +838,13 @@ class OciRuntime:
                     result = await supervise.supervise(spec, box, sink, should_stop, started=time.monotonic())
                     cgroup.finish()
                     nursery.cancel_scope.cancel()
+                result = attrs.evolve(result, oom_kills=cgroup.oom_kills())  # before its cgroup goes
             finally:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(box.remove)
-                    await trio.to_thread.run_sync(cgroup.destroy)
-        return attrs.evolve(result, oom_kills=cgroup.oom_kills())
+                if box.kills:  # stopped by force: gone before the harness looks at its workspace again
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(box.remove)
+                self._reaper.submit(functools.partial(_remove_sandbox, box, cgroup))
+        return result
 
 
 class PodmanRuntime(OciRuntime):
@@ -897,6 +965,11 @@ async def _start(argv: list[str], engine: Engine, name: str, fifo: Path) -> _San
     return _Sandbox(process, engine, name, process.stdout, process.stderr, trio.lowlevel.FdStream(read_fd), keep_open)
 
 
+def _remove_sandbox(box: _Sandbox, cgroup: oci_cgroups.SandboxCgroup) -> None:
+    box.remove()
+    cgroup.destroy()
+
+
 @contextlib.contextmanager
 def _sandbox_files(name: str, limits: Limits, uid: int, c: _Checked) -> Iterator[SandboxFiles]:
     """The sandbox's FIFO and /tmp (a size- and inode-limited tmpfs, where mounts work), removed after."""
@@ -942,8 +1015,8 @@ async def _workspace(workspace: Path, limits: Limits, uid: int | None) -> AsyncI
 
 
 def _keep_events(standby: _Standby, spec: EvaluatorSpec) -> None:
-    """Once the evaluator ended: its event log becomes the spec's file (replacing the link), its
-    sockets' links go, and its container and folder are removed (blocking)."""
+    """Once the evaluator ended: its event log becomes the spec's file (replacing the link), and its
+    sockets' links go (its container and folder go after, on the reaper's thread)."""
     if spec.events_path.is_symlink():
         kept = spec.events_path.with_name(spec.events_path.name + ".part")
         try:
@@ -955,7 +1028,6 @@ def _keep_events(standby: _Standby, spec: EvaluatorSpec) -> None:
         with contextlib.suppress(OSError):
             if link.is_symlink():
                 link.unlink()
-    standby.discard()
 
 
 @asynccontextmanager
