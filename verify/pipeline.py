@@ -173,6 +173,7 @@ def audit_summary(
     ciphertext_sha256: str,
     root: str,
     events: int,
+    release_images: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     m = docs.manifest
     agg = recomputed.aggregate
@@ -203,6 +204,7 @@ def audit_summary(
         "usage": plain(docs.network.usage),
         "network_proxy": plain(docs.network.proxy),
         "runtime": plain(m.runtime),
+        "release_images": release_images,  # what the release pins (runtime.images was checked against it)
         "challenge_id": challenge["id"] if challenge else None,
         "runner": None if runner is None else {"key_id": runner.key_id, "kind": runner.kind, "label": runner.label},
         "ciphertext_sha256": ciphertext_sha256,
@@ -325,6 +327,7 @@ def process_upload(
             ciphertext_sha256=digest,
             root=root,
             events=chain.events,
+            release_images=release.images,
         )  # 13.
         level, notes = assign_level(summary)
         outcome = Outcome(submission_id, "accepted", level, None, notes, summary)

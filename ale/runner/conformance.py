@@ -292,6 +292,17 @@ class RuntimeConformance:
         assert all(re.fullmatch(r"[0-9a-f]{64}", v) for v in hexes.values()), hexes
         assert runtime.attestation() == att  # stable within a process
 
+    def test_image_digests_are_the_images_the_attestation_names(self, runtime: Runtime) -> None:
+        """What the harness holds against a release's images is what the manifest records as run."""
+        digests = runtime.image_digests()
+        assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", d) for d in digests.values()), digests
+        images = runtime.attestation().get("images")
+        if not digests:
+            assert images is None
+            return
+        assert images is not None
+        assert {name: entry["digest"] for name, entry in images["images"].items()} == digests
+
     # --- the evaluator ------------------------------------------------------------------------
 
     async def test_open_evaluator_serves_both_endpoints(self, runtime: Runtime, box: Box) -> None:

@@ -263,6 +263,10 @@ class LocalRuntime:
     def sandbox(self) -> str:
         return self.sandbox_kind
 
+    def image_digests(self) -> dict[str, str]:
+        """None: the local runtime runs the installed code, no image."""
+        return {}
+
     def attestation(self) -> dict[str, Any]:
         return {
             "runtime": "local",
