@@ -165,6 +165,24 @@ def test_a_bundled_agents_own_modules_are_bound_and_nothing_of_the_client() -> N
     assert all(src.is_file() and src.is_relative_to(demo.root) for src in binds.values())
 
 
+def test_an_agent_environment_with_distributions_the_image_lacks_is_named() -> None:
+    """``ale run --agent-package``: the OCI runtimes run the image's Python, which has the client's
+    distributions only; the others are named (and the sandbox refused: run_sandboxed)."""
+    assert oci.image_lacks(None) == []
+    assert oci.image_lacks(agent_env.ensure(("ale.agents.demo",))) == []
+    env = attrs.evolve(agent_env.ensure(), distributions=("numpy==2.4.6", "openai==2.0.0", "Some_Thing==1"))
+    assert oci.image_lacks(env) == ["Some_Thing==1", "openai==2.0.0"]
+
+
+def test_the_agent_image_wants_exactly_the_client_librarys_distributions() -> None:
+    from packaging.utils import canonicalize_name
+
+    from ale.images import definition
+
+    wheels = {canonicalize_name(w.name) for w in definition.load(ROOT / "images" / "agent-base.toml").python.wheels}
+    assert wheels == set(oci._client_distributions())
+
+
 def test_the_image_site_is_the_agent_definitions() -> None:
     from ale.images import definition
 

@@ -292,6 +292,27 @@ def module_binds(env: agent_env.AgentEnv | None) -> list[tuple[Path, str]]:
     return binds
 
 
+@functools.cache
+def _client_distributions() -> frozenset[str]:
+    """The distributions of the client library's closure (canonical names): what the agent image's
+    wheels are (images/agent-base.toml's ``want`` is that closure)."""
+    from packaging.utils import canonicalize_name
+
+    _modules, external = agent_env.ale_closure(agent_env.CLIENT_MODULES)
+    return frozenset(canonicalize_name(d.name) for d in agent_env.distribution_closure(external))
+
+
+def image_lacks(env: agent_env.AgentEnv | None) -> list[str]:
+    """The distributions of an agent's environment the agent image does not hold (``ale run
+    --agent-package``): the OCI runtimes run the image's Python, so such an agent is refused."""
+    if env is None:
+        return []
+    from packaging.utils import canonicalize_name
+
+    names = {canonicalize_name(d.partition("==")[0]): d for d in env.distributions}
+    return sorted(names[n] for n in set(names) - _client_distributions())
+
+
 # --- the containers -----------------------------------------------------------------------------
 
 
@@ -820,6 +841,11 @@ class OciRuntime:
         if spec.gateway_socket is not None and not await trio.Path(spec.gateway_socket).is_socket():
             raise SandboxError(f"the gateway socket {spec.gateway_socket} is not there")
         c = await trio.to_thread.run_sync(self._ready)
+        if lacking := image_lacks(spec.agent_env):
+            raise SandboxError(
+                f"the agent image holds no {', '.join(lacking)}: the {self.name} runtime runs the image's Python "
+                "(add them to images/agent-base.toml, or use the local runtime)"
+            )
         uid = c.uid.uid
         binds = module_binds(spec.agent_env)
         if spec.workspace_writable:
