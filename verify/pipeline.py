@@ -179,7 +179,7 @@ def audit_summary(
     agg = recomputed.aggregate
     return {
         "run_id": m.run_id,
-        "agent": {"name": m.agent.name, "declared": dict(m.agent.declared)},
+        "agent": {"name": m.agent.name, "declared": dict(m.agent.declared), "command": list(m.agent.command)},
         "release": m.release.name,
         "release_sha256": m.release.manifest_sha256,
         "tasks": [{**plain(t_score), "status": "completed"} for t_score in docs.claimed.tasks]
