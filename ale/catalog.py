@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import attrs
 
 from ale.core.release import ReleaseManifest, parse_release
+from ale.core.rubric import Rubric, parse_rubric
+
+if TYPE_CHECKING:
+    from ale.core.judge_input import TaskContext
 from ale.core.tasks import TaskSpec, parse_task
 
 DEFAULT_RELEASE = "2026.11"
@@ -21,13 +26,17 @@ class UnknownTaskError(LookupError):
     """No task of that id is installed."""
 
 
+RUBRIC_FILE = "rubric.json"
+
+
 @attrs.frozen
 class Task:
-    """A task definition with its paper and digest."""
+    """A task definition with its paper, its faithfulness rubric (reproduction tasks) and digest."""
 
     spec: TaskSpec
     paper: str
     digest: str
+    rubric: Rubric | None = None
 
 
 @functools.cache
@@ -41,10 +50,14 @@ def tasks() -> dict[str, Task]:
         raw = (entry / "task.json").read_bytes()
         spec, _ = parse_task(raw, paper=b"")
         paper = (entry / spec.paper).read_bytes()
-        spec, digest = parse_task(raw, paper=paper)
+        rubric_raw = (entry / RUBRIC_FILE).read_bytes() if (entry / RUBRIC_FILE).is_file() else None
+        spec, digest = parse_task(raw, paper=paper, rubric=rubric_raw)
         if spec.id != entry.name:
             raise ValueError(f"task folder {entry.name!r} holds task {spec.id!r}")
-        found[spec.id] = Task(spec=spec, paper=paper.decode("utf-8"), digest=digest)
+        rubric = None if rubric_raw is None else parse_rubric(rubric_raw)
+        if (rubric is not None) != (spec.genre == "reproduction") or (rubric is not None and rubric.task != spec.id):
+            raise ValueError(f"task {spec.id!r}: a reproduction task ships its own {RUBRIC_FILE}, an open one none")
+        found[spec.id] = Task(spec=spec, paper=paper.decode("utf-8"), digest=digest, rubric=rubric)
     return found
 
 
@@ -54,6 +67,21 @@ def get_task(task_id: str) -> Task:
     except KeyError:
         known = ", ".join(sorted(tasks())) or "none"
         raise UnknownTaskError(f"unknown task {task_id!r}; installed tasks: {known}") from None
+
+
+def judge_context(task: Task) -> TaskContext:
+    """What the judge input needs of a reproduction task: its definition, paper and rubric."""
+    s = task.spec
+    if task.rubric is None:
+        raise ValueError(f"{s.ref} has no rubric: only reproduction tasks are judged")
+    from ale.core.judge_input import TaskContext  # here: the evaluator loads the catalog, not the judge
+
+    return TaskContext(s.ref, task.digest, s.title, s.genre, s.mode, task.paper, task.rubric)
+
+
+def judge_contexts() -> dict[str, TaskContext]:
+    """Every installed reproduction task's :func:`judge_context`, by ``id@version``."""
+    return {t.spec.ref: judge_context(t) for t in tasks().values() if t.rubric is not None}
 
 
 def release_bytes(name: str = DEFAULT_RELEASE) -> bytes:

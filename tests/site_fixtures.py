@@ -34,6 +34,7 @@ from ale.core.documents import (
     ARTIFACTS_SCHEMA,
     FAITHFULNESS_SCHEMA,
     INTEGRITY_SCHEMA,
+    JUDGE_INPUT_FORMAT,
     MANIFEST_SCHEMA,
     NETWORK_SCHEMA,
     ArtifactsManifest,
@@ -43,6 +44,7 @@ from ale.core.documents import (
     NetworkSummary,
     ScoreBreakdown,
 )
+from ale.core.faithfulness import Credit
 from ale.core.parse import structure
 from ale.core.results import (
     TASK_RESULTS_SCHEMA,
@@ -97,7 +99,7 @@ class Outcome:
     ref: str
     quality: float = 1.0  # measured as a multiple of the paper's value (its inverse for lower-is-better)
     safety: float = 0.0  # each safety metric's rate as a fraction of its limit
-    faithful: bool | None = True
+    faithful: bool | None = True  # None: unjudged (no verdict the verifier credits)
     aborted: int = 0  # episodes that did not pass
     missing_safety: bool = False  # a declared safety metric absent from the results (factor 0)
     reason: str | None = None  # set: not completed, for this reason
@@ -129,6 +131,7 @@ def make_summary(
     run_id = f"run-{_hex('run', key)[:20]}"
     scores = []
     entries = []
+    credits = {o.ref: _credit(o, key) for o in outcomes if o.reason is None and TASKS[o.ref].genre == "reproduction"}
     for o in outcomes:
         spec = TASKS[o.ref]
         target = RELEASE.target(o.ref)
@@ -226,6 +229,7 @@ def make_summary(
         },
         "challenge": None,
         "trajectory": {"schema": EVENT_SCHEMA, "events": 1, "chain_head": head},
+        "judge": None,
         "run": {
             "completed": True,
             "official_episode_counts": official_episode_counts,
@@ -245,7 +249,7 @@ def make_summary(
         manifest=structure(manifest, Manifest, what="fixture manifest"),
         results=TaskResults(schema=TASK_RESULTS_SCHEMA, run_id=run_id, tasks=tuple(entries)),
         claimed=structure(claimed, ScoreBreakdown, what="fixture scores"),
-        faithfulness=Faithfulness(FAITHFULNESS_SCHEMA, {}),
+        faithfulness=Faithfulness(FAITHFULNESS_SCHEMA, JUDGE_INPUT_FORMAT, {}),
         network=structure(network, NetworkSummary, what="fixture network"),
         artifacts=ArtifactsManifest(ARTIFACTS_SCHEMA, ()),
         integrity=Integrity(INTEGRITY_SCHEMA, {}, _hex("root", key), head, None),
@@ -259,8 +263,28 @@ def make_summary(
         ciphertext_sha256=_hex("ciphertext", key),
         root=_hex("root", key),
         events=200 + int(_hex("events", key)[:4], 16) % 5000,
+        credits=credits,
     )
     return json.loads(json.dumps(summary))  # as stored: plain JSON
+
+
+def _credit(o: Outcome, key: str) -> Credit:
+    """The verifier's judgement of a completed reproduction task of a fixture run."""
+    rubric = catalog.get_task(o.ref.split("@")[0]).rubric
+    assert rubric is not None
+    digest = _hex("judge-input", key, o.ref)
+    claimed = {"outcome": "judged", "faithful": True, "judge_model": "runner-judge", "input_sha256": digest,
+               "rationale": "the runner's own judge", "findings": [], "signature": None}  # fmt: skip
+    if o.faithful is None:
+        why = "the bundle's own verdict is not credited; this verifier has no judge to re-judge it with: unjudged"
+        return Credit(o.ref, "unjudged", False, None, "no_judge", None, why, (), digest, claimed)
+    findings = tuple(
+        {"item": item.id, "kind": item.kind, "satisfied": o.faithful or item.kind == "method",
+         "evidence": f"#{10 + i}: <code>K = lstsq(...)</code> & \"quoted\""}
+        for i, item in enumerate(rubric.items)
+    )  # fmt: skip
+    rationale = "implements the paper's method" if o.faithful else "the gains are hard-coded from the paper"
+    return Credit(o.ref, "judged", o.faithful, "verifier", "judged", "gpt-judge", rationale, findings, digest, claimed)
 
 
 def submission_id(key: str) -> str:
@@ -427,6 +451,8 @@ def fill_mix(path: Path) -> dict[str, Any]:
     add("single_task", [Outcome(OPEN[0], quality=1.0)], "demo", None, None, duration_s=240.0)
     add("unfaithful", [Outcome(r, quality=1.1, faithful=r not in REPRODUCTION) for r in REFS], "Codex CLI",
         "gpt-5.1-codex", "low")  # fmt: skip
+    add("unjudged", [Outcome(r, quality=1.0, faithful=None if r in REPRODUCTION else True) for r in REFS],
+        "Aider Robotics", "claude-opus-4.5", "low")  # fmt: skip
     add("not_completed", [Outcome(REFS[0], quality=0.9), Outcome(REFS[1], reason="the agent left no policy "
         "artifact at /workspace/policy.json"), *[Outcome(r, quality=0.6, aborted=3) for r in REFS[2:]]],
         "Mini-SWE", "claude-sonnet-4.5", "medium")  # fmt: skip

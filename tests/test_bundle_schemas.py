@@ -154,7 +154,8 @@ def test_schemas_are_valid_and_identified(name: str) -> None:
     schema = _schema(name)
     Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["$id"] == f"https://ale-robotics.org/schemas/{name}/v1"
+    version = {"faithfulness": "v2"}.get(name, "v1")  # the document type's version (ale-faithfulness/v2)
+    assert schema["$id"] == f"https://ale-robotics.org/schemas/{name}/{version}"
     assert schema["title"]
     assert schema["description"]
     assert schema["additionalProperties"] is False
@@ -250,6 +251,7 @@ def test_integrity_json_is_what_formats_md_describes(bundles: dict[str, dict[str
         release_for=lambda s: (release, s) if s == sha else None,
         known_tasks=known,
         validate=validate_document,
+        contexts=catalog.judge_contexts(),
     )
 
 
@@ -262,7 +264,7 @@ def test_genre_specific_content(bundles: dict[str, dict[str, bytes]]) -> None:
     assert json.loads(interactive["artifacts_manifest.json"])["artifacts"] == []
     ((ref, verdict),) = json.loads(interactive["faithfulness.json"])["tasks"].items()
     assert ref == "pendulum-lqr@1.0.0"
-    assert verdict["verdict"] is None
+    assert (verdict["outcome"], verdict["faithful"]) == ("no_judge", False)
     (score,) = json.loads(interactive["score_breakdown.json"])["tasks"]
     assert (score["genre"], score["faithful"], score["final"]) == ("reproduction", False, 0)
     (score,) = json.loads(batch["score_breakdown.json"])["tasks"]
@@ -311,7 +313,11 @@ MUTATIONS = [
     ("batch", "score_breakdown.json", "aggregate/method", "median"),
     ("batch", "score_breakdown.json", "aggregate/coverage_complete", True),  # tasks are missing
     ("batch", "score_breakdown.json", "tasks/0/penalties/falls", 1.5),
-    ("batch", "faithfulness.json", "tasks/cartpole-balance@1.0.0/verdict", "yes"),
+    ("batch", "faithfulness.json", "tasks/cartpole-balance@1.0.0/faithful", "yes"),
+    ("batch", "faithfulness.json", "tasks/cartpole-balance@1.0.0/outcome", "vibes"),
+    ("interactive", "faithfulness.json", "tasks/pendulum-lqr@1.0.0/input_sha256", "A" * 64),
+    ("interactive", "faithfulness.json", "tasks/pendulum-lqr@1.0.0/findings", [{"item": "x", "kind": "method"}]),
+    ("batch", "faithfulness.json", "judge_input", "ale-judge-input/v0"),
     ("batch", "faithfulness.json", "tasks/not a ref", {"verdict": None, "judge": None, "reason": ""}),
     ("batch", "network_summary.json", "requests/total", -1),
     ("batch", "network_summary.json", "usage", DELETE),

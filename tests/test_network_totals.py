@@ -240,3 +240,18 @@ def test_fuzz_gateway_log_lines_give_a_stream_a_verifier_accepts(lines: list[byt
             tail._record(piece)
     run.events()
     verify_chain(run.stream)
+
+
+def test_the_judges_gateway_events_count_in_none_of_the_agents_network_totals() -> None:
+    """The faithfulness judge's own gateway (its events carry "gateway": "judge") is the harness's,
+    not the agent's: its gateway_started and requests were counted into network_summary.json."""
+    from ale.core import network
+
+    request = {"decision": "allowed", "usage": {"input_tokens": 900, "output_tokens": 40, "cached_input_tokens": 0}}
+    events = [
+        ("trusted_network_proxy", "llm_request", request),
+        ("trusted_network_proxy", "llm_request", {**request, "gateway": "judge"}),
+    ]
+    totals = network.tally(events)
+    assert (totals["total"], totals["input_tokens"], totals["output_tokens"]) == (1, 900, 40)
+    assert network.agents("trusted_network_proxy", {"gateway": "judge"}) is False

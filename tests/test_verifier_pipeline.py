@@ -357,7 +357,7 @@ DOCUMENT_CASES: dict[str, tuple[Callable[[dict[str, bytes]], dict[str, bytes]], 
         "score_mismatch",
     ),
     "faithful-without-judge": (
-        lambda f: h.edit(f, "faithfulness.json", lambda d: d["tasks"]["cartpole-balance@1.0.0"].update(verdict=True)),
+        lambda f: h.edit(f, "faithfulness.json", lambda d: d["tasks"]["cartpole-balance@1.0.0"].update(faithful=True)),
         "inconsistent_results",
     ),
     "self-elevation-declared": (
@@ -467,7 +467,7 @@ FLIPS: dict[str, tuple[Callable[[bytes], bytes], str]] = {
         lambda d: d[: len(d) // 2] + bytes([d[len(d) // 2] ^ 0x01]) + d[len(d) // 2 + 1 :],
         "bad_zstd",
     ),
-    "faithfulness.json": (lambda d: _flip_text(d, b'"reason":"'), "integrity_mismatch"),
+    "faithfulness.json": (lambda d: _flip_text(d, b'"rationale":"'), "integrity_mismatch"),
     "integrity.json": (lambda d: _flip_hex(d, b'"merkle_root":"'), "integrity_mismatch"),
     "manifest.json": (lambda d: _flip_text(d, b'"name":"ale-'), "integrity_mismatch"),
     "network_summary.json": (lambda d: _flip_text(d, b'"policy":"'), "integrity_mismatch"),

@@ -192,7 +192,9 @@ def test_self_elevation_anywhere_is_self_elevation_not_schema_invalid(
 
 
 @pytest.mark.parametrize(
-    "verdict", [{"verdict": True, "judge": "judge@example"}, {"verdict": False}], ids=["true", "false"]
+    "verdict",
+    [{"faithful": True, "judge_model": "judge@example", "outcome": "judged"}, {"faithful": False}],
+    ids=["true", "false"],
 )
 def test_open_genre_task_with_a_faithfulness_verdict_is_refused(
     world: h.World, plain: dict[str, bytes], tmp_path: Path, verdict: dict[str, Any]
@@ -204,7 +206,8 @@ def test_open_genre_task_with_a_faithfulness_verdict_is_refused(
 
 
 def test_faithfulness_entries_must_be_the_runs_tasks(world: h.World, plain: dict[str, bytes], tmp_path: Path) -> None:
-    extra = {"verdict": None, "judge": None, "reason": "not in the run"}
+    extra = {"outcome": "open_genre", "faithful": None, "judge_model": None, "input_sha256": None,
+             "rationale": "not in the run", "findings": [], "signature": None}  # fmt: skip
     files = h.edit(plain, "faithfulness.json", lambda d: d["tasks"].update({"hopper-hop@1.0.0": extra}))
     _rejected(world, tmp_path, h.encrypt_files(files, world.keys.recipient), "inconsistent_results")
 

@@ -146,7 +146,9 @@ def reference_verify(
     gateways = tuple(
         e["data"].get("upstreams")
         for e in events
-        if (e["producer"], e["kind"]) == ("trusted_network_proxy", "gateway_started")
+        if e["kind"] == "gateway_started"
+        and e["producer"] == "trusted_network_proxy"
+        and e["data"].get("gateway") != "judge"  # the judge's own gateway is not the agent's network
     )
     return ChainSummary(
         head, len(events), nonce, per_producer, kinds, first["wall_time"], events[-1]["wall_time"],

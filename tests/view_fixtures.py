@@ -28,7 +28,7 @@ import attrs
 from ale.core import bundle
 from ale.core.canonical import canonical_json
 from ale.core.merkle import files_root
-from ale.core.trajectory import ChainBuilder, iter_events
+from ale.core.trajectory import ChainBuilder, iter_events, verify_chain
 from ale.runner.inspect import read_identity
 
 #: (producer, kind, data) of an event to insert.
@@ -124,6 +124,21 @@ class Grower:
         manifest = json.loads(files["manifest.json"])
         manifest["trajectory"]["events"] = count
         manifest["trajectory"]["chain_head"] = head
+        chain = verify_chain(stream)
+        if chain.gateways:  # the extra events hold a gateway: the summary and phases say so, as a run's would
+            from ale.core.network import REQUEST_FIELDS, USAGE_FIELDS
+            from ale.runner.network import GATEWAY_PHASES, proxy_description
+
+            summary = json.loads(files["network_summary.json"])
+            summary.update(
+                proxy=proxy_description(chain.gateways[0] or []),
+                phases=dict(GATEWAY_PHASES),
+                requests={name: chain.network[name] for name in REQUEST_FIELDS},
+                usage={name: chain.network[name] for name in USAGE_FIELDS},
+            )
+            files["network_summary.json"] = _file(summary)
+            for task in manifest["tasks"]:
+                task["network"] = dict(GATEWAY_PHASES)
         files["manifest.json"] = _file(manifest)
         integrity = json.loads(files["integrity.json"])
         digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items() if name != "integrity.json"}

@@ -63,6 +63,7 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
     database (when it has one) or given with --runner-public-key."""
     from ale.runner.inspect import inspect_bundle
     from ale_verify import db
+    from ale_verify.judging import judge_keys
 
     registered = None
     if db.exists(settings.database):
@@ -76,6 +77,7 @@ def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
         runner_keys=args.runner_public_key,
         registered=registered,
         prog="ale-verify",
+        judge_keys=judge_keys(settings),
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from pathlib import Path
 
@@ -43,6 +45,24 @@ def _database(env: dict[str, str], data: Path) -> db.Location:
     return db.location(Path(path)) if path is not None else db.default_location(data)
 
 
+def _judge_keys(text: str) -> tuple[tuple[str, str], ...]:
+    """``LABEL=BASE64,...``: registered judge keys (a key without ``LABEL=`` is labelled by its start)."""
+    keys = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        label, key = item.split("=", 1) if "=" in item.rstrip("=") else ("", item)
+        key = key.strip()
+        try:
+            raw = base64.b64decode(key, validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != 32:
+            raise ValueError(f"ALE_VERIFY_JUDGE_KEYS: {key[:60]!r} is not base64 of a 32-byte Ed25519 public key")
+        keys.append((label.strip() or key[:12], key))
+    return tuple(keys)
+
+
 @attrs.frozen(repr=False)
 class Settings:
     #: a SQLite file (a Path is one) or a PostgreSQL database: ale_verify.db.location
@@ -69,6 +89,14 @@ class Settings:
     github_token_url: str = "https://github.com/login/oauth/access_token"
     github_user_url: str = "https://api.github.com/user"
     public_url: str = "http://127.0.0.1:8000"
+    #: the operator's faithfulness judge (docs/verifier.md, "Faithfulness"): re-judge every upload's
+    #: reproduction tasks whose verdict no registered judge key signed; off when judge_model is empty
+    judge_model: str = ""
+    judge_base_url: str = "https://api.openai.com/v1"
+    judge_api_key_file: Path | None = None  # a file holding the judge endpoint's key (private)
+    judge_timeout_s: float = 300.0
+    #: registered judge keys: (label, base64 of the raw Ed25519 public key); their signed verdicts are credited
+    judge_keys: tuple[tuple[str, str], ...] = ()
 
     def __repr__(self) -> str:  # never print secrets, even by accident
         return f"Settings(database={self.database}, key_file=<path>, keep_bundles={self.keep_bundles})"
@@ -107,4 +135,9 @@ class Settings:
             github_token_url=g("GITHUB_TOKEN_URL", "https://github.com/login/oauth/access_token"),
             github_user_url=g("GITHUB_USER_URL", "https://api.github.com/user"),
             public_url=g("ALE_VERIFY_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/"),
+            judge_model=g("ALE_VERIFY_JUDGE_MODEL", "").strip(),
+            judge_base_url=g("ALE_VERIFY_JUDGE_BASE_URL", "https://api.openai.com/v1").strip(),
+            judge_api_key_file=Path(key_file) if (key_file := g("ALE_VERIFY_JUDGE_API_KEY_FILE")) else None,
+            judge_timeout_s=float(n("ALE_VERIFY_JUDGE_TIMEOUT_S", 300)),
+            judge_keys=_judge_keys(g("ALE_VERIFY_JUDGE_KEYS", "")),
         )

@@ -80,7 +80,7 @@ SUMMARY_KEYS = (
 )  # fmt: skip
 TASK_KEYS = (
     "task", "genre", "metric", "direction", "measured", "paper_value", "gap", "penalties", "score", "faithful",
-    "final", "episodes", "passed", "pass_rate", "status", "reason",
+    "final", "episodes", "passed", "pass_rate", "status", "reason", "judgement",
 )  # fmt: skip
 
 #: The CSV's columns in order (documented in docs/leaderboard-export.md; a test compares the two).
@@ -222,6 +222,7 @@ class Entry:
     coverage: dict[str, tuple[int, int]]  # category -> (covered, required)
     finals: dict[str, float]  # task ref -> final score (completed, covered or not)
     ranks: dict[str, int] = attrs.Factory(dict)
+    unjudged: tuple[str, ...] = ()  # completed reproduction tasks without a credited verdict (final 0)
 
     @property
     def revoked(self) -> bool:
@@ -277,7 +278,13 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
         pass_rates=pass_rates,
         coverage=coverage,
         finals={ref: float(t["final"]) for ref, t in completed.items()},
+        unjudged=tuple(sorted(ref for ref, t in completed.items() if _judgement(t).get("status") == "unjudged")),
     )
+
+
+def _judgement(task: dict[str, Any]) -> dict[str, Any]:
+    judgement = task.get("judgement")
+    return judgement if isinstance(judgement, dict) else {}
 
 
 def rank(

@@ -17,8 +17,10 @@ the uploader's. Steps 3 to 12 are ``ale.core``'s, the very functions ``ale inspe
 9. hash chain of the trajectory, and network_summary.json recomputed from its network events
 10. integrity root (file digests, Merkle root, chain head) and a registered runner's signature
 11. benchmark and task versions, coverage
-12. the faithfulness verdicts; recompute the scores from the evaluator results and compare with
-    the claimed ones
+12. the faithfulness verdicts: each judge input rebuilt from the bundle and held to its verdict;
+    recompute the scores from the evaluator results and compare with the claimed ones; then the
+    verdicts the verifier credits (a registered judge key's signature, or its own judge's verdict
+    on the rebuilt input; else unjudged, final 0) and the scores the board shows
 13. audit summary
 14. persist metadata (submission row + audit log entry)
 15. delete the plaintext and ciphertext temp files (every path, failures included)
@@ -41,7 +43,9 @@ import attrs
 from ale import catalog
 from ale.core import bundle
 from ale.core.documents import ELEVATION_MEMBERS
+from ale.core.faithfulness import Credit, credit, to_judge
 from ale.core.reasons import Level, Reason
+from ale.core.results import RunScore, task_score_document
 from ale.core.verify import (
     Documents,
     RunnerKey,
@@ -50,16 +54,19 @@ from ale.core.verify import (
     check_integrity,
     check_network,
     check_signature,
+    check_verdicts,
     check_versions,
+    credited_scores,
     file_digests,
     level_for,
     parse_documents,
     plain,
     recompute_scores,
+    trajectory,
 )
 from ale.runner.inspect import installed_releases, read_identity
 from ale.schemas import validate_document
-from ale_verify import db, tokens
+from ale_verify import db, judging, tokens
 from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 
@@ -164,25 +171,59 @@ def step_signature(docs: Documents, root: str, settings: Settings) -> RunnerKey 
     return check_signature(docs, root, registered_runner(settings))[1]
 
 
+def step_faithfulness(
+    docs: Documents, files: dict[str, bytes], release: Any, settings: Settings
+) -> tuple[RunScore, dict[str, Credit]]:
+    """Step 12: the verdicts held to the judge inputs rebuilt from the bundle, the claimed scores
+    recomputed from the bundle's own verdicts, then the credited verdicts and the board's scores."""
+    contexts = catalog.judge_contexts()
+    reproduction = any(t.genre == "reproduction" for t in docs.results.tasks)
+    inputs, verdicts = check_verdicts(docs, contexts, trajectory(docs, files) if reproduction else b"")
+    recompute_scores(docs, release, verdicts)
+    keys = judging.judge_keys(settings)
+    configured = judging.configured(settings)
+    rejudged = judging.rejudge(settings, to_judge(docs, keys), inputs, contexts) if configured else {}
+    credits = credit(docs, inputs, keys=keys, rejudged=rejudged, rejudge_configured=configured)
+    return credited_scores(docs, release, credits), credits
+
+
+def unjudged_notes(credits: dict[str, Credit]) -> list[dict[str, str]]:
+    return [
+        {"reason": Reason.UNJUDGED, "message": f"{ref}: {c.rationale}"}
+        for ref, c in sorted(credits.items())
+        if c.status == "unjudged"
+    ]
+
+
 def audit_summary(
     docs: Documents,
-    recomputed: Any,
+    recomputed: RunScore,
     *,
     challenge: dict[str, Any] | None,
     runner: RunnerKey | None,
     ciphertext_sha256: str,
     root: str,
     events: int,
+    credits: dict[str, Credit] | None = None,
     release_images: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """What the verifier stores and the board shows: ``recomputed`` are the credited scores."""
     m = docs.manifest
     agg = recomputed.aggregate
+    credits = credits or {}
     return {
         "run_id": m.run_id,
         "agent": {"name": m.agent.name, "declared": dict(m.agent.declared), "command": list(m.agent.command)},
         "release": m.release.name,
         "release_sha256": m.release.manifest_sha256,
-        "tasks": [{**plain(t_score), "status": "completed"} for t_score in docs.claimed.tasks]
+        "tasks": [
+            {
+                **task_score_document(s),
+                "status": "completed",
+                "judgement": credits[s.task].summary() if s.task in credits else None,
+            }
+            for s in recomputed.tasks
+        ]
         + [
             {"task": t.task, "genre": t.genre, "status": t.status, "reason": t.reason}
             for t in docs.results.tasks
@@ -306,7 +347,7 @@ def process_upload(
                 release_for=lambda sha: (releases[sha], sha) if sha in releases else None,
                 known_tasks={t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()},
             )
-            recomputed = recompute_scores(docs, release)  # 12.
+            recomputed, credits = step_faithfulness(docs, files, release, settings)  # 12.
         except VerificationError as exc:  # BundleError is one
             reason = exc.reason
             outcome = Outcome(
@@ -327,9 +368,11 @@ def process_upload(
             ciphertext_sha256=digest,
             root=root,
             events=chain.events,
+            credits=credits,
             release_images=release.images,
         )  # 13.
         level, notes = assign_level(summary)
+        notes += unjudged_notes(credits)
         outcome = Outcome(submission_id, "accepted", level, None, notes, summary)
         _persist(outcome, settings, user_id=user_id, now=now, run_id=summary["run_id"])  # 14.
         if settings.keep_bundles and settings.bundle_dir is not None:

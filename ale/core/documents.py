@@ -23,7 +23,8 @@ import attrs
 from ale.core.parse import Scalar, non_negative
 
 MANIFEST_SCHEMA = "ale-bundle-manifest/v1"
-FAITHFULNESS_SCHEMA = "ale-faithfulness/v1"
+FAITHFULNESS_SCHEMA = "ale-faithfulness/v2"
+JUDGE_INPUT_FORMAT = "ale-judge-input/v1"
 NETWORK_SCHEMA = "ale-network-summary/v1"
 ARTIFACTS_SCHEMA = "ale-artifacts-manifest/v1"
 INTEGRITY_SCHEMA = "ale-bundle-integrity/v1"
@@ -34,6 +35,11 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 def _digest(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
     if not _HEX64.fullmatch(value):
         raise ValueError(f"{attr.name} must be 64 lowercase hex digits")
+
+
+def _optional_digest(_inst: object, attr: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None and not _HEX64.fullmatch(value):
+        raise ValueError(f"{attr.name} must be null or 64 lowercase hex digits")
 
 
 def _is(name: str) -> Callable[[object, attrs.Attribute[str], str], None]:
@@ -282,6 +288,16 @@ class RunInfo:
 
 
 @attrs.frozen
+class JudgeInfo:
+    """The faithfulness judge the run used (``ale run --judge-model``), docs/judge.md."""
+
+    model: str
+    endpoint: str  # scheme://host[:port] of the Chat Completions endpoint
+    prompt: Literal["ale-judge-prompt/v1"]
+    key_id: Digest | None = attrs.field(validator=_optional_digest)  # the judge key that signed its verdicts
+
+
+@attrs.frozen
 class Manifest:
     schema: str = attrs.field(validator=_is(MANIFEST_SCHEMA))
     run_id: str
@@ -293,6 +309,7 @@ class Manifest:
     challenge: Challenge | None
     trajectory: TrajectorySummary
     run: RunInfo
+    judge: JudgeInfo | None
 
 
 # -- score_breakdown.json ---------------------------------------------------------------------
@@ -351,15 +368,43 @@ class ScoreBreakdown:
 
 
 @attrs.frozen
+class Signature:
+    """An Ed25519 signature block (integrity.json's runner signature, a judge's verdict)."""
+
+    algorithm: Literal["ed25519"]
+    key_id: Digest = attrs.field(validator=_digest)
+    public_key: str
+    value: str
+
+
+@attrs.frozen
+class Finding:
+    item: str
+    kind: Literal["method", "shortcut", "hacking"]
+    satisfied: bool
+    evidence: str
+
+
+Outcome = Literal["judged", "no_judge", "error", "refusal", "unparsable", "wrong_input", "not_completed", "open_genre"]
+
+
+@attrs.frozen
 class Verdict:
-    verdict: bool | None
-    judge: str | None
-    reason: str
+    """One task's faithfulness entry (ale.core.verdict.JudgeResult writes it)."""
+
+    outcome: Outcome
+    faithful: bool | None
+    judge_model: str | None
+    input_sha256: Digest | None = attrs.field(validator=_optional_digest)
+    rationale: str
+    findings: tuple[Finding, ...]
+    signature: Signature | None
 
 
 @attrs.frozen
 class Faithfulness:
     schema: str = attrs.field(validator=_is(FAITHFULNESS_SCHEMA))
+    judge_input: Literal["ale-judge-input/v1"]
     tasks: dict[str, Verdict]
 
 
@@ -418,14 +463,6 @@ class ArtifactsManifest:
 
 
 # -- integrity.json ---------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Signature:
-    algorithm: Literal["ed25519"]
-    key_id: Digest = attrs.field(validator=_digest)
-    public_key: str
-    value: str
 
 
 @attrs.frozen

@@ -31,16 +31,16 @@ import attrs
 
 # -- phases ---------------------------------------------------------------------------------------
 
-START, RUN, TASK, EVALUATOR, AGENT, AGENT_DONE, OFFICIAL, ARTIFACT, POLICY, POLICY_DONE, OFFICIAL_DONE = range(11)
-FINISHED, STOPPED = 11, 12
+START, RUN, TASK, EVALUATOR, AGENT, AGENT_DONE, SNAPSHOT, OFFICIAL, ARTIFACT, POLICY, POLICY_DONE = range(11)
+OFFICIAL_DONE, JUDGE, JUDGE_DONE, FINISHED, STOPPED = range(11, 16)
 PHASES: Final = (
-    "start", "run", "task", "evaluator", "agent", "agent_done", "official", "artifact", "policy", "policy_done",
-    "official_done", "finished", "stopped",
+    "start", "run", "task", "evaluator", "agent", "agent_done", "snapshot", "official", "artifact", "policy",
+    "policy_done", "official_done", "judge", "judge_done", "finished", "stopped",
 )  # fmt: skip
 
-_OPEN_RUN = frozenset(range(RUN, OFFICIAL_DONE + 1))  # run_started seen, no terminal event yet
-_IN_TASK = frozenset(range(TASK, OFFICIAL_DONE + 1))
-_EVALUATOR_UP = frozenset(range(EVALUATOR, OFFICIAL_DONE + 1))
+_OPEN_RUN = frozenset(range(RUN, JUDGE_DONE + 1))  # run_started seen, no terminal event yet
+_IN_TASK = frozenset(range(TASK, JUDGE_DONE + 1))
+_EVALUATOR_UP = frozenset(range(EVALUATOR, OFFICIAL_DONE + 1))  # the judge runs once the evaluator is stopped
 _SANDBOX = frozenset({AGENT, POLICY})
 _OFFICIAL_RUNNING = frozenset({OFFICIAL, ARTIFACT, POLICY, POLICY_DONE})
 
@@ -111,13 +111,17 @@ RULES: Final[tuple[Rule, ...]] = (
     _h("evaluator_started", {TASK}, EVALUATOR, TASK_KEY),
     _h("agent_started", {EVALUATOR}, AGENT, TASK_KEY),
     _h("agent_finished", {AGENT}, AGENT_DONE, TASK_KEY),
-    _h("official_evaluation_started", {AGENT_DONE}, OFFICIAL, TASK_KEY),
+    _h("artifact_snapshot", {AGENT_DONE}, SNAPSHOT, TASK_KEY),
+    _h("artifact_file", {SNAPSHOT}),
+    _h("official_evaluation_started", {AGENT_DONE, SNAPSHOT}, OFFICIAL, TASK_KEY),
     _h("policy_artifact", {OFFICIAL}, ARTIFACT, TASK_KEY),
     _h("eval_session_opened", {OFFICIAL}, POLICY, TASK_KEY),
     _h("policy_finished", {POLICY}, POLICY_DONE, TASK_KEY),
     _h("official_evaluation_finished", {ARTIFACT, POLICY_DONE}, OFFICIAL_DONE, TASK_KEY),
     _h("official_evaluation_skipped", {OFFICIAL, ARTIFACT, POLICY_DONE}, OFFICIAL_DONE, TASK_KEY),
-    _h("task_finished", {OFFICIAL_DONE}, RUN, TASK_KEY),
+    _h("judge_started", {OFFICIAL_DONE}, JUDGE, TASK_KEY),
+    _h("judge_finished", {JUDGE}, JUDGE_DONE, TASK_KEY),
+    _h("task_finished", {OFFICIAL_DONE, JUDGE_DONE}, RUN, TASK_KEY),
     _h("run_finished", {RUN}, FINISHED),
     _h("run_failed", _OPEN_RUN, STOPPED),
     _h("run_interrupted", _OPEN_RUN, STOPPED),

@@ -19,6 +19,14 @@ FIELDS: Final = (*REQUEST_FIELDS, *USAGE_FIELDS, "unreadable")
 DROPPED_CHANNEL: Final = "gateway.requests"
 #: the (producer, kind) pairs the totals are made of
 TALLIED: Final = frozenset({"llm_request", "events_dropped", "gateway_started"})
+#: the ``gateway`` member of the faithfulness judge's gateway's relayed events (docs/judge.md):
+#: they are the harness's own requests, not the agent's network, and count in none of its totals
+JUDGE_GATEWAY: Final = "judge"
+
+
+def agents(producer: str, data: Mapping[str, Any]) -> bool:
+    """Whether a ``trusted_network_proxy`` event is the agent's gateway's (not the judge's)."""
+    return producer == "trusted_network_proxy" and data.get("gateway") != JUDGE_GATEWAY
 
 
 def _count(value: Any) -> int | None:
@@ -64,7 +72,7 @@ def add(into: dict[str, int], totals: Mapping[str, int] | None) -> None:
 
 def event_totals(producer: str, kind: str, data: Mapping[str, Any]) -> dict[str, int] | None:
     """What an event adds to the totals ({} when nothing, None when it should and cannot be read)."""
-    if producer == "trusted_network_proxy" and kind == "llm_request":
+    if kind == "llm_request" and agents(producer, data):
         return request_totals(data)
     if producer == "trusted_harness" and kind == "events_dropped":
         return dropped_totals(data)

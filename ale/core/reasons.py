@@ -76,6 +76,7 @@ class Reason(enum.StrEnum):
     # notes on an accepted upload (why its level is not higher)
     NO_CHALLENGE = "no_challenge"
     UNOFFICIAL_EPISODES = "unofficial_episodes"
+    UNJUDGED = "unjudged"
     # refused requests (the API's error bodies)
     BAD_REQUEST = "bad_request"
     UNKNOWN_FIELD = "unknown_field"
@@ -173,7 +174,8 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.INCONSISTENT_RESULTS: _info(
         "7 documents",
         _R,
-        "the documents contradict themselves or each other (results, faithfulness verdicts, runs, task lists)",
+        "the documents contradict themselves or each other (results, faithfulness verdicts, runs, task lists; "
+        "a verdict for another judge input than the bundle gives: step 12)",
     ),
     R.TOKEN_INVALID: _info(
         "8 challenge", _R, "the challenge token is not the site's, names no challenge, or is not this user's"
@@ -191,7 +193,11 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.INTEGRITY_MISMATCH: _info(
         "10 integrity", _R, "a file digest, the Merkle root or the chain head differs from integrity.json"
     ),
-    R.BAD_SIGNATURE: _info("10 integrity", _R, "the runner signature is malformed or does not verify"),
+    R.BAD_SIGNATURE: _info(
+        "10 integrity",
+        _R,
+        "the runner signature, or a judge's signature on a verdict (step 12), is malformed or does not verify",
+    ),
     R.UNREGISTERED_RUNNER: _info("10 integrity", _R, "the signing key is not a registered, active runner key"),
     R.UNKNOWN_RELEASE: _info(
         "11 versions", _R, "the release manifest or its required task set is not one this site knows"
@@ -209,6 +215,12 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.SCORE_MISMATCH: _info("12 scores", _R, "the claimed scores differ from the recomputed ones"),
     R.NO_CHALLENGE: _info("level", _N, "the run had no challenge: freshness cannot be proven (`self_reported`)"),
     R.UNOFFICIAL_EPISODES: _info("level", _N, "the run overrode the official episode counts (`self_reported`)"),
+    R.UNJUDGED: _info(
+        "12 faithfulness",
+        _N,
+        "a completed reproduction task has no verdict the verifier credits (it did not re-judge it, and no "
+        "registered judge key signed one): shown unjudged, final 0",
+    ),
     R.BAD_REQUEST: _info("API", _Q, "a malformed request: body, parameter or value (HTTP 400)"),
     R.UNKNOWN_FIELD: _info("API", _Q, "a parameter or body field the endpoint does not take (HTTP 400)"),
     R.UNAUTHENTICATED: _info("API", _Q, "no valid API token or login session (HTTP 401)"),

@@ -92,15 +92,18 @@ class TaskSpec:
         return f"{self.id}@{self.version}"
 
 
-def parse_task(raw: bytes, *, paper: bytes) -> tuple[TaskSpec, str]:
+def parse_task(raw: bytes, *, paper: bytes, rubric: bytes | None = None) -> tuple[TaskSpec, str]:
     """Parse a task definition and return it with its digest.
 
     The digest is the SHA-256 (hex) of the canonical JSON of
-    ``{"paper_sha256": <hex of the paper's bytes>, "task": <the definition>}``,
-    so a changed write-up changes the task's identity.
+    ``{"paper_sha256": <hex of the paper's bytes>, "task": <the definition>}``, with
+    ``"rubric_sha256": <hex of rubric.json's bytes>`` added for a task that ships a faithfulness
+    rubric (docs/judge.md), so a changed write-up or rubric changes the task's identity.
     """
     spec = loads(raw, TaskSpec, what="task definition")
     body = {"paper_sha256": hashlib.sha256(paper).hexdigest(), "task": converter.unstructure(spec)}
+    if rubric is not None:
+        body["rubric_sha256"] = hashlib.sha256(rubric).hexdigest()
     return spec, hashlib.sha256(canonical_json(body)).hexdigest()
 
 

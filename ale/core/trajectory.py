@@ -474,7 +474,7 @@ class _Scan:
 
     def _tally(self, producer: str, kind: str, data: dict[str, Any]) -> None:
         """A network event: its share of the totals (ale.core.network), a gateway's upstreams."""
-        if producer == "trusted_network_proxy" and kind == "gateway_started":
+        if kind == "gateway_started" and netstats.agents(producer, data):
             self.gateways.append(data.get("upstreams"))
         netstats.add(self.network, netstats.event_totals(producer, kind, data))
 

@@ -46,6 +46,8 @@ from ale.core.documents import (
     Signature,
     find_elevation,
 )
+from ale.core.faithfulness import Credit, JudgeKeyLookup, check_faithfulness, credit, judge_inputs
+from ale.core.judge_input import JudgeInput, JudgeInputError, TaskContext
 from ale.core.merkle import files_root
 from ale.core.parse import ParseError, converter, parse_json, structure
 from ale.core.reasons import Level, Reason, VerificationError
@@ -109,6 +111,9 @@ class Report:
     runner: RunnerKey | None  # the registered key that signed it (None: unsigned, or not looked up)
     registration_checked: bool  # whether runner keys were given to look the signature's key up in
     not_checked: tuple[str, ...]
+    inputs: Mapping[str, JudgeInput] = attrs.Factory(dict)  # the rebuilt judge inputs (none without rubrics)
+    credits: Mapping[str, Credit] = attrs.Factory(dict)  # what a verifier without a judge of its own credits
+    credited: RunScore | None = None  # the scores with those credits
 
     @property
     def manifest(self) -> Manifest:
@@ -464,28 +469,48 @@ def check_versions(
 # -- step 6: faithfulness and scores ----------------------------------------------------------
 
 
-def faithfulness_verdicts(docs: Documents) -> dict[str, bool | None]:
-    """The verdicts the scores may use, after refusing what no honest run states (``inconsistent_results``):
-
-    * exactly one entry per task of the run;
-    * an open-genre task has no gate, so its verdict is null (a non-null one is refused: a
-      bundle's word about a gate that does not exist is not a verdict);
-    * a ``true`` verdict names its judge.
-
-    Genres are the task definitions' (check_versions has held task_results.json to them)."""
+def own_verdicts(docs: Documents) -> dict[str, bool | None]:
+    """The bundle's verdicts by task, after the checks that need no rubric: exactly the run's
+    tasks, no gate on an open-genre task, a faithful verdict only when judged and named by its
+    model (:func:`ale.core.faithfulness.check_faithfulness` checks the rest, with the rubrics)."""
     entries = docs.faithfulness.tasks
     genres = {t.task: t.genre for t in docs.results.tasks}
     if set(entries) != set(genres):
         raise VerificationError(Reason.INCONSISTENT_RESULTS, "faithfulness.json does not list exactly the run's tasks")
     for ref, entry in sorted(entries.items()):
-        if genres[ref] == "open" and entry.verdict is not None:
+        if genres[ref] == "open" and entry.faithful is not None:
             raise VerificationError(
                 Reason.INCONSISTENT_RESULTS,
                 f"{ref}: an open-genre task has no faithfulness gate, so its verdict must be null",
             )
-        if entry.verdict is True and not entry.judge:
+        if entry.faithful is True and (entry.outcome != "judged" or not entry.judge_model):
             raise VerificationError(Reason.INCONSISTENT_RESULTS, f"{ref}: a faithful verdict without a judge")
-    return {ref: entry.verdict for ref, entry in entries.items()}
+    return {ref: entry.faithful for ref, entry in entries.items()}
+
+
+def trajectory(docs: Documents, files: Mapping[str, bytes]) -> bytes:
+    """The decompressed trajectory: the one step 2 kept, or decompressed again (when step 2 fed it
+    to the chain workers instead)."""
+    return docs.events if docs.events else _events(files["events.jsonl.zst"])
+
+
+def check_verdicts(
+    docs: Documents, contexts: Mapping[str, TaskContext], events: bytes
+) -> tuple[dict[str, JudgeInput], dict[str, bool | None]]:
+    """The judge inputs rebuilt from the bundle, and its verdicts once they are checked against
+    them (:func:`ale.core.faithfulness.check_faithfulness`)."""
+    own_verdicts(docs)
+    try:
+        inputs = judge_inputs(docs, contexts, events)
+    except JudgeInputError as exc:  # the chain check has read every line: not reached
+        raise VerificationError(Reason.CHAIN_INVALID, f"trajectory: {exc}") from None
+    return inputs, check_faithfulness(docs, inputs, contexts)
+
+
+def credited_scores(docs: Documents, release: ReleaseManifest, credits: Mapping[str, Credit]) -> RunScore:
+    """The scores the board shows: the results scored with the credited verdicts only (a
+    reproduction task without one is unjudged, so unfaithful)."""
+    return score_run(docs.results, release, {ref: c.faithful for ref, c in credits.items()})
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -505,9 +530,13 @@ def _close(a: Any, b: Any) -> bool:
     return type(a) is type(b) and bool(a == b)
 
 
-def recompute_scores(docs: Documents, release: ReleaseManifest) -> RunScore:
-    """Recompute the scores from the evaluator results and compare them with the claimed ones."""
-    recomputed = score_run(docs.results, release, faithfulness_verdicts(docs))
+def recompute_scores(
+    docs: Documents, release: ReleaseManifest, verdicts: Mapping[str, bool | None] | None = None
+) -> RunScore:
+    """Recompute the scores from the evaluator results and the bundle's own verdicts (``verdicts``,
+    from :func:`check_verdicts`; by default :func:`own_verdicts`) and compare them with the claimed
+    ones: the claims must follow from the bundle. What the board shows is :func:`credited_scores`."""
+    recomputed = score_run(docs.results, release, own_verdicts(docs) if verdicts is None else verdicts)
     document = parse_json(canonical_json(score_breakdown_document(recomputed, release)), what="the recomputed scores")
     if not _close(document, plain(docs.claimed)):
         raise VerificationError(
@@ -557,6 +586,8 @@ def check_files(
     known_tasks: Mapping[str, tuple[TaskSpec, str]],
     validate: Validator | None = None,
     runner_keys: KeyLookup | None = None,
+    contexts: Mapping[str, TaskContext] | None = None,
+    judge_keys: JudgeKeyLookup | None = None,
 ) -> Report:
     """Steps 2 to 6 over the unpacked files, as the site runs them, for offline use (``ale
     inspect``, ``ale-verify check``): all but the challenge token's own checks, which need the
@@ -566,7 +597,10 @@ def check_files(
 
     ``release_for(sha256)`` returns the release manifest with that hash (or None when unknown);
     ``known_tasks`` maps ``id@version`` to the task definition and digest this verifier knows;
-    ``validate`` checks a document against its published JSON Schema.
+    ``validate`` checks a document against its published JSON Schema; ``contexts`` maps
+    ``id@version`` to what the judge input needs of a reproduction task (its paper and rubric), so
+    that every verdict's input digest is rebuilt and checked; ``judge_keys`` looks up registered
+    judge keys, whose signed verdicts are credited (nothing else is, offline: no re-judging here).
     """
     docs = parse_documents(files, validate)
     challenge = docs.manifest.challenge
@@ -575,9 +609,17 @@ def check_files(
     root = check_integrity(files, docs, chain)
     _, runner = check_signature(docs, root, runner_keys)
     release = check_versions(docs, release_for=release_for, known_tasks=known_tasks)
-    recomputed = recompute_scores(docs, release)
     keys_given = runner_keys is not None
-    return Report(docs, chain, root, recomputed, runner, keys_given, not_checked_offline(docs, keys_given=keys_given))
+    not_checked = not_checked_offline(docs, keys_given=keys_given)
+    if contexts is None:
+        recomputed = recompute_scores(docs, release)
+        not_checked += ("judge inputs: no rubrics were given to rebuild them and check the verdicts' digests",)
+        return Report(docs, chain, root, recomputed, runner, keys_given, not_checked)
+    inputs, verdicts = check_verdicts(docs, contexts, docs.events)
+    recomputed = recompute_scores(docs, release, verdicts)
+    credits = credit(docs, inputs, keys=judge_keys)
+    credited = credited_scores(docs, release, credits)
+    return Report(docs, chain, root, recomputed, runner, keys_given, not_checked, inputs, credits, credited)
 
 
 def unpack(ciphertext: bytes, identity: str, limits: bundle.Limits | None = None) -> dict[str, bytes]:

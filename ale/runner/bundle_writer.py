@@ -19,12 +19,23 @@ import zstandard
 from ale import __version__
 from ale.core import bundle
 from ale.core.canonical import canonical_json
-from ale.core.documents import ARTIFACTS_SCHEMA, FAITHFULNESS_SCHEMA, INTEGRITY_SCHEMA, MANIFEST_SCHEMA, NETWORK_SCHEMA
+from ale.core.documents import (
+    ARTIFACTS_SCHEMA,
+    FAITHFULNESS_SCHEMA,
+    INTEGRITY_SCHEMA,
+    JUDGE_INPUT_FORMAT,
+    MANIFEST_SCHEMA,
+    NETWORK_SCHEMA,
+)
+from ale.core.judge_input import build_input, task_windows
 from ale.core.merkle import files_root
 from ale.core.network import REQUEST_FIELDS, USAGE_FIELDS
 from ale.core.results import RunScore, parse_task_results, score_breakdown_document, score_run
-from ale.core.signing import sign_root
+from ale.core.signing import key_id, public_raw, sign_root
 from ale.core.trajectory import EVENT_SCHEMA, ChainSummary, format_wall_time, verify_chain
+from ale.core.verdict import PROMPT_VERSION, JudgeResult, failed, open_genre, sign_verdict
+from ale.judge.client import Endpoint
+from ale.judge.phase import context
 from ale.runner.harness import RunRecord, task_results_json
 from ale.runner.network import NO_NETWORK, proxy_description
 
@@ -37,15 +48,48 @@ def _json(value: Any) -> bytes:
     return canonical_json(value) + b"\n"
 
 
-def faithfulness_verdicts(record: RunRecord) -> dict[str, Any]:
+def _task_result(o: Any, digest: str, model: str | None) -> JudgeResult:
+    """A reproduction task's entry: the judge's result, or why there is none (fail-closed)."""
+    if o.status != "completed":
+        return failed("not_completed", f"not completed ({o.reason}): no faithfulness verdict", model=None,
+                      input_sha256=digest)  # fmt: skip
+    result: JudgeResult | None = o.judgement
+    if result is None:
+        return failed("no_judge", NO_JUDGE, model=None, input_sha256=digest)
+    if result.input_sha256 != digest:  # the harness judged other bytes than the bundle holds: its defect
+        return failed("error", f"the judge input recomputed from the bundle ({digest}) is not the one judged "
+                      f"({result.input_sha256}): the verdict is void", model=model, input_sha256=digest)  # fmt: skip
+    return result
+
+
+def faithfulness_verdicts(record: RunRecord, trajectory: bytes) -> dict[str, Any]:
+    """faithfulness.json: each reproduction task's input digest recomputed from the trajectory the
+    bundle holds (as a verifier recomputes it), its verdict, and a judge key's signature."""
+    judge = record.options.judge
+    model = judge.model if judge is not None else None
+    refs = [o.task.spec.ref for o in record.outcomes if o.task.spec.genre == "reproduction"]
+    windows = task_windows(trajectory, refs)
     tasks = {}
     for o in record.outcomes:
         s = o.task.spec
-        if s.genre == "reproduction":
-            tasks[s.ref] = {"verdict": None, "judge": None, "reason": NO_JUDGE}
-        else:
-            tasks[s.ref] = {"verdict": None, "judge": None, "reason": "open genre: no faithfulness gate"}
-    return {"schema": FAITHFULNESS_SCHEMA, "tasks": tasks}
+        if s.genre != "reproduction":
+            tasks[s.ref] = open_genre().entry()
+            continue
+        digest = build_input(windows[s.ref], context(o.task), record.run_id).sha256
+        entry = _task_result(o, digest, model).entry()
+        if judge is not None and judge.signing_key is not None and entry["outcome"] == "judged":
+            entry["signature"] = sign_verdict(judge.signing_key, s.ref, entry)
+        tasks[s.ref] = entry
+    return {"schema": FAITHFULNESS_SCHEMA, "judge_input": JUDGE_INPUT_FORMAT, "tasks": tasks}
+
+
+def judge_json(record: RunRecord) -> dict[str, Any] | None:
+    judge = record.options.judge
+    if judge is None:
+        return None
+    signer = None if judge.signing_key is None else key_id(public_raw(judge.signing_key))
+    return {"model": judge.model, "endpoint": Endpoint.parse(judge.base_url).origin, "prompt": PROMPT_VERSION,
+            "key_id": signer}  # fmt: skip
 
 
 def manifest_json(record: RunRecord) -> dict[str, Any]:
@@ -92,6 +136,7 @@ def manifest_json(record: RunRecord) -> dict[str, Any]:
             "started": format_wall_time(record.started),
             "finished": format_wall_time(record.finished),
         },
+        "judge": judge_json(record),
     }
 
 
@@ -132,8 +177,8 @@ def artifacts_manifest_json(record: RunRecord) -> dict[str, Any]:
 def build_files(record: RunRecord, trajectory: bytes, runner_key: Any = None) -> tuple[dict[str, bytes], RunScore]:
     """The eight files of the bundle, and the scores they claim."""
     results_raw = _json(task_results_json(record.run_id, record.outcomes))
-    faithfulness = faithfulness_verdicts(record)
-    verdicts = {ref: v["verdict"] for ref, v in faithfulness["tasks"].items()}
+    faithfulness = faithfulness_verdicts(record, trajectory)
+    verdicts = {ref: v["faithful"] for ref, v in faithfulness["tasks"].items()}
     run_score = score_run(parse_task_results(results_raw), record.options.release, verdicts)
     files = {
         "manifest.json": _json(manifest_json(record)),
@@ -172,10 +217,31 @@ def write_bundle(
     return path, run_score
 
 
+def judge_lines(record: RunRecord) -> list[str]:
+    """What the run's judge said of each reproduction task (or that there was none)."""
+    reproduction = [o for o in record.outcomes if o.task.spec.genre == "reproduction"]
+    if not reproduction:
+        return []
+    judge = record.options.judge
+    if judge is None:
+        return [f"note: {NO_JUDGE}"]
+    lines = []
+    for o in reproduction:
+        result = o.judgement
+        if result is None:
+            lines.append(f"{o.task.spec.ref}: not judged (the task did not complete)")
+            continue
+        verdict = "faithful" if result.faithful else "UNFAITHFUL"
+        lines.append(f"{o.task.spec.ref}: judge {judge.model}: {verdict} ({result.outcome}): {result.rationale[:300]}")
+    lines.append("note: a site credits these verdicts only by re-judging, or when a judge key it registered signed "
+                 "them (--judge-key)")  # fmt: skip
+    return lines
+
+
 def summary_lines(run_score: RunScore) -> list[str]:
     lines = []
     for s in run_score.tasks:
-        gate = "" if s.faithful is None else (" faithful" if s.faithful else " UNFAITHFUL (no judge verdict)")
+        gate = "" if s.faithful is None else (" faithful" if s.faithful else " UNFAITHFUL")
         lines.append(
             f"{s.task}: {s.metric} = {s.measured:.4g} (paper {s.paper_value:.4g}), gap {s.gap:.3f}, "
             f"penalties {json.dumps({k: round(v, 3) for k, v in s.penalties.items()})}, final {s.final:.3f},{gate} "

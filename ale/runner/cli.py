@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import shutil
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import trio
 
 from ale import __version__, catalog
+from ale.judge import cli as judge_cli
 from ale.runner import agent_env, runtimes
 from ale.runner.options import AgentSpec
 from ale.runner.runtime import Runtime
@@ -206,8 +208,8 @@ def _report(record: Any, run_score: Any, key_path: Path | None) -> None:
             print(f"{o.task.spec.ref}: not completed: {o.reason}", file=sys.stderr)
     for line in bundle_writer.summary_lines(run_score):
         print(line, file=sys.stderr)
-    if any(o.task.spec.genre == "reproduction" for o in record.outcomes):
-        print(f"note: {bundle_writer.NO_JUDGE}", file=sys.stderr)
+    for line in bundle_writer.judge_lines(record):
+        print(line, file=sys.stderr)
     if key_path is not None:
         print(
             f"note: no --recipient given: the bundle is encrypted to a new local key {key_path} "
@@ -239,6 +241,7 @@ def _runtime(name: str) -> Runtime:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    judge = judge_cli.judge_options(args)  # refused before anything starts
     runtime = _runtime(args.runtime)
     manifest, digest, name = _release(args)
     tasks = _run_tasks(args, manifest)
@@ -247,7 +250,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out_dir = _writable_out(args)
     runtime.prestart_evaluator()  # its code loads while the harness's does
     try:
-        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent, upstreams)
+        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent, upstreams, judge)
     finally:
         runtime.close()
 
@@ -260,8 +263,9 @@ def _run(
     out_dir: Path,
     agent: AgentSpec,
     upstreams: Any,
+    judge: Any = None,
 ) -> int:
-    made = _make_bundle(args, runtime, release, tasks, out_dir, agent, upstreams)
+    made = _make_bundle(args, runtime, release, tasks, out_dir, agent, upstreams, judge)
     if isinstance(made, int):
         return made
     print(made)
@@ -276,6 +280,7 @@ def _make_bundle(
     out_dir: Path,
     agent: AgentSpec,
     upstreams: Any,
+    judge: Any = None,
 ) -> Path | int:
     """Run and write the bundle: its path, or the exit status of a run that wrote none."""
     from ale.runner.harness import Harness
@@ -297,6 +302,7 @@ def _make_bundle(
         nonce=nonce,
         challenge_token=challenge_token,
         upstreams=upstreams,
+        judge=judge,
     )
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
     progress = PlainProgress() if plain else LiveProgress(tasks)
@@ -342,11 +348,12 @@ def cmd_rerun(args: argparse.Namespace) -> int:
         raise CliError(f"cannot rerun {args.submission}: {exc}") from None
     runtime = _runtime(args.runtime)
     upstreams = _upstreams(args)
+    judge = judge_cli.judge_options(args)  # the faithfulness judge, as for ale run
     out_dir = _writable_out(args)
     print(f"rerunning {args.submission}: {agent.name} on {', '.join(tasks)} ({release[2]})", file=sys.stderr)
     runtime.prestart_evaluator()
     try:
-        made = _make_bundle(args, runtime, release, tasks, out_dir, agent, upstreams)
+        made = _make_bundle(args, runtime, release, tasks, out_dir, agent, upstreams, judge)
     finally:
         runtime.close()
     if isinstance(made, int):
@@ -487,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"where the evaluator and the agent's sandbox run: {', '.join(runtimes.names())} "
         f"(default {runtimes.DEFAULT}: a child process and bubblewrap); the manifest records it",
     )
+    judge_cli.add_judge_arguments(run, signing=True)
     release_args(run)
     run.set_defaults(func=cmd_run)
 
@@ -528,7 +536,8 @@ def build_parser() -> argparse.ArgumentParser:
     from ale.runner.rerun import register as register_rerun
 
     register_images(sub)
-    register_rerun(sub, cmd_rerun, add_llm_arguments)
+    register_rerun(sub, cmd_rerun, add_llm_arguments, functools.partial(judge_cli.add_judge_arguments, signing=True))
+    judge_cli.add_parser(sub)
     return parser
 
 
@@ -539,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args))
-    except CliError as exc:
+    except (CliError, judge_cli.JudgeCliError) as exc:
         print(f"ale: error: {exc}", file=sys.stderr)
         return 2
 

@@ -76,7 +76,7 @@ _T = TypeVar("_T")
 
 #: What the run needs only later (the official evaluation's connection, the bundle writer): loaded
 #: in a worker thread while the run goes on instead of before it starts.
-LATER_MODULES = ("ale.client._rpc", "ale.runner.bundle_writer")
+LATER_MODULES = ("ale.client._rpc", "ale.runner.bundle_writer", "ale.judge.phase")
 
 
 def _preload() -> None:
@@ -129,6 +129,7 @@ class TaskOutcome:
     artifact: dict[str, Any] | None = None
     episodes: int = 0
     network: dict[str, str] = attrs.Factory(lambda: dict(NO_NETWORK))  # each phase's policy (manifest)
+    judgement: Any = None  # the judge's ale.core.verdict.JudgeResult (a judged reproduction task)
 
     def entry(self) -> dict[str, Any]:
         s = self.task.spec
@@ -532,6 +533,9 @@ class Harness:
             events_path=private / f"{s.id}.evaluator.jsonl",
         )
         self.progress.phase(s.id, "evaluator", "starting")
+        judging = self.options.judge is not None and s.genre == "reproduction"
+        if judging:
+            rec.start_tap()  # the judge input is built from the lines written from here on
         rec.emit("trusted_harness", "task_started", {"task": s.ref, "digest": task.digest, "mode": s.mode})
         rec.open_channel("evaluator", s.ref)
         try:
@@ -541,6 +545,8 @@ class Harness:
         except (EvaluatorStartError, SandboxError, OSError) as exc:
             raise RunError(f"{s.id}: {exc}") from None
         rec.close_channel("evaluator")
+        if judging:
+            await self._judge(task, rec.take_tap(), rec, private, outcome)
         rec.emit(
             "trusted_harness", "task_finished", {"task": s.ref, "status": outcome.status, "reason": outcome.reason}
         )
@@ -564,10 +570,25 @@ class Harness:
                 await trio.to_thread.run_sync(self.runtime.prestart_evaluator)
             await self._agent_phase(task, ev, tail, task_dir, workspace, rec, outcome)
             self._check_alive(ev, task)
+            if task.spec.genre == "reproduction":
+                from ale.judge.phase import record_snapshot  # loaded since the run started (LATER_MODULES)
+
+                await record_snapshot(task, workspace, rec)
             await self._official_phase(task, ev, tail, task_dir, workspace, rec, outcome)
             self._check_alive(ev, task)
             nursery.cancel_scope.cancel()
         await tail.drain()  # what the evaluator wrote until it stopped
+
+    async def _judge(
+        self, task: catalog.Task, lines: list[bytes], rec: Recorder, private: Path, outcome: TaskOutcome
+    ) -> None:
+        """The faithfulness judge on a completed reproduction task (ale.judge.phase)."""
+        from ale.judge.phase import judge_task
+
+        if outcome.status != "completed" or self.options.judge is None:
+            return
+        self.progress.phase(task.spec.id, "judge", self.options.judge.model)
+        outcome.judgement = await judge_task(task, lines, rec, self.options.judge, run_id=self.run_id, folder=private)
 
     @staticmethod
     def _check_alive(ev: EvaluatorHandle, task: catalog.Task) -> None:

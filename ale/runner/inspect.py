@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ale import catalog
+from ale.core.faithfulness import JudgeKeyLookup
 from ale.core.release import ReleaseManifest, parse_release
 from ale.core.signing import key_id
 from ale.core.verify import KeyLookup, Report, RunnerKey, VerificationError, check_files, level_for, plain, unpack
@@ -80,7 +81,9 @@ def installed_releases() -> dict[str, ReleaseManifest]:
     return found
 
 
-def offline_check(ciphertext: bytes, identity: str, runner_keys: KeyLookup | None = None) -> Report:
+def offline_check(
+    ciphertext: bytes, identity: str, runner_keys: KeyLookup | None = None, judge_keys: JudgeKeyLookup | None = None
+) -> Report:
     releases = installed_releases()
     known = {t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()}
     files = unpack(ciphertext, identity)
@@ -90,6 +93,8 @@ def offline_check(ciphertext: bytes, identity: str, runner_keys: KeyLookup | Non
         known_tasks=known,
         validate=validate_document,
         runner_keys=runner_keys,
+        contexts=catalog.judge_contexts(),
+        judge_keys=judge_keys,
     )
 
 
@@ -137,6 +142,26 @@ def _signature_json(report: Report) -> dict[str, Any] | None:
     }
 
 
+def _faithfulness_json(report: Report) -> dict[str, Any]:
+    """Each reproduction task's own verdict, its rebuilt judge input, and what a site without a
+    judge of its own would credit (docs/verifier.md, "Faithfulness")."""
+    out = {}
+    for ref, entry in sorted(report.docs.faithfulness.tasks.items()):
+        if entry.outcome == "open_genre":
+            continue
+        credit = report.credits.get(ref)
+        out[ref] = {
+            "outcome": entry.outcome,
+            "faithful": entry.faithful,
+            "judge_model": entry.judge_model,
+            "signed": entry.signature is not None,
+            "input_sha256": entry.input_sha256,
+            "input_rebuilt": ref in report.inputs,
+            "credited_without_rejudging": None if credit is None else credit.status == "judged",
+        }
+    return out
+
+
 def report_json(report: Report) -> dict[str, Any]:
     m = report.manifest
     level, notes = level_for(
@@ -161,6 +186,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "aggregate": plain(report.claimed.aggregate),
         "merkle_root": report.root,
         "signature": _signature_json(report),
+        "faithfulness": _faithfulness_json(report),
         "checks": {"passed": passed_checks(report), "not_checked": list(report.not_checked)},
         "level_if_the_site_accepts_it": {"level": level, "notes": notes},
     }
@@ -205,6 +231,12 @@ def _write_text(doc: Mapping[str, Any], out: TextIO) -> None:
     mean_text = "n/a" if mean is None else f"{mean:.3f}"
     rate_text = "n/a" if rate is None else f"{rate:.2f}"
     out.write(f"macro mean {mean_text}, pass rate {rate_text}, coverage {covered}/{covered + missing}\n")
+    for ref, f in doc["faithfulness"].items():
+        verdict = "faithful" if f["faithful"] else "unfaithful"
+        credited = {True: "a site credits it (signed by a judge key it registered)",
+                    False: "a site credits it only by re-judging the rebuilt input", None: "not completed"}  # fmt: skip
+        out.write(f"faithfulness {ref}: {verdict} ({f['outcome']}{', signed' if f['signed'] else ''}); input "
+                  f"{(f['input_sha256'] or '')[:16]}...; {credited[f['credited_without_rejudging']]}\n")  # fmt: skip
     signature = doc["signature"]
     if signature is None:
         out.write("signature: none (an unsigned bundle is never officially_verified)\n")
@@ -226,6 +258,7 @@ def inspect_bundle(
     runner_keys: Iterable[str] = (),
     registered: KeyLookup | None = None,
     prog: str = "ale",
+    judge_keys: JudgeKeyLookup | None = None,
 ) -> int:
     """Check a bundle offline and print what it holds. ``runner_keys`` are public keys (base64)
     the signature may name; ``registered`` looks up more (the verifier's database). With neither,
@@ -242,7 +275,7 @@ def inspect_bundle(
         return 2
     lookup = key_lookup(given, *([registered] if registered else [])) if given or registered else None
     try:
-        report = offline_check(ciphertext, identity, lookup)
+        report = offline_check(ciphertext, identity, lookup, judge_keys)
     except VerificationError as exc:
         print(f"{prog}: the bundle fails verification ({exc.reason}): {exc}", file=sys.stderr)
         return 1

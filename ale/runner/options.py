@@ -25,6 +25,17 @@ class AgentSpec:
 
 
 @attrs.frozen
+class JudgeOptions:
+    """The faithfulness judge (``ale run --judge-model``, docs/judge.md); keys never in its repr."""
+
+    model: str
+    base_url: str  # an OpenAI-compatible endpoint's base URL (its /chat/completions is asked)
+    api_key: str | None = attrs.field(default=None, repr=False)
+    signing_key: Any = attrs.field(default=None, repr=False)  # an Ed25519 judge key: sign the verdicts
+    timeout_s: float = 300.0
+
+
+@attrs.frozen
 class RunOptions:
     tasks: tuple[str, ...]
     agent: AgentSpec
@@ -39,3 +50,4 @@ class RunOptions:
     challenge_token: str | None = None
     workdir: Path | None = None
     upstreams: tuple[Upstream, ...] = ()  # the LLM gateway's (none: the run has no network at all)
+    judge: JudgeOptions | None = None

@@ -181,6 +181,19 @@ class Recorder:
         self.counts: dict[str, int] = {}
         self._budgets = {channel: total // max(1, tasks) for channel, total in budgets.items()}
         self._open: dict[str, Allowance] = {}
+        self._last_monotonic: dict[str, float] = {}  # per producer: a relayed clock never runs backwards
+        self._tap: list[bytes] | None = None
+
+    # -- a copy of the lines, for the judge input (ale.judge.phase) ----------------------------------
+
+    def start_tap(self) -> None:
+        """Keep a copy of every line written from now on (until :meth:`take_tap`)."""
+        self._tap = []
+
+    def take_tap(self) -> list[bytes]:
+        """The lines written since :meth:`start_tap`; the copying stops."""
+        lines, self._tap = self._tap or [], None
+        return lines
 
     @property
     def head(self) -> str:
@@ -275,6 +288,8 @@ class Recorder:
         clipped = clip_data(data, caps)
         wall = time.time() if wall_time is None else wall_time
         mono = time.monotonic() if monotonic is None else monotonic
+        if mono < self._last_monotonic.get(producer, mono):  # (NaN is refused by the builder)
+            mono = self._last_monotonic[producer]
         try:
             event, line = self.chain.build(producer, kind, clipped, wall_time=wall, monotonic=mono)
             if len(line) > caps.line_bytes:
@@ -286,7 +301,10 @@ class Recorder:
         if fault is not None:
             return fault.reason, fault.message
         self.chain.commit(event)
+        self._last_monotonic[producer] = mono
         self.counts[producer] = self.counts.get(producer, 0) + 1
+        if self._tap is not None:
+            self._tap.append(line)
         allowance = self._open.get(channel) if channel is not None else None
         if allowance is not None:
             allowance.used += len(line)

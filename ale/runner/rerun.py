@@ -95,6 +95,7 @@ def register(
     sub: argparse._SubParsersAction[argparse.ArgumentParser],
     command: Callable[[argparse.Namespace], int],
     add_llm_arguments: Callable[[argparse.ArgumentParser], None],
+    add_judge_arguments: Callable[[argparse.ArgumentParser], None],
 ) -> None:
     """Add ``ale rerun`` to the ``ale`` command's subcommands (``command``: ale.runner.cli.cmd_rerun)."""
     rerun = sub.add_parser(
@@ -116,4 +117,5 @@ def register(
     rerun.add_argument("--out", default="out", help="folder for the bundle (default ./out)")
     rerun.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     add_llm_arguments(rerun)
+    add_judge_arguments(rerun)
     rerun.set_defaults(func=command, episodes=None, agent_time=None)
