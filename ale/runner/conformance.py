@@ -739,7 +739,7 @@ class RuntimeConformance:
             f"s = socket.create_connection(('127.0.0.1', {GATEWAY_PORT}), timeout=10)\n"
             f"s.sendall({request!r})\n"
             "s.shutdown(socket.SHUT_WR)\n"
-            "r['reply'] = s.recv(100).decode()\n"
+            "r['reply'] = b''.join(iter(lambda: s.recv(100), b'')).decode()  # to the end: it may come in pieces\n"
             "print('REPORT ' + json.dumps(r), flush=True)\n"
         )
         lines = Lines()
@@ -775,7 +775,7 @@ class RuntimeConformance:
             f"    s = socket.create_connection(('127.0.0.1', {GATEWAY_PORT}), timeout=5)\n"
             "    s.sendall(b'ECHO after sigterm')\n"
             "    s.shutdown(socket.SHUT_WR)\n"
-            "    print('terminated', s.recv(100).decode(), flush=True)\n"
+            "    print('terminated', b''.join(iter(lambda: s.recv(100), b'')).decode(), flush=True)\n"
             "    sys.exit(0)\n"
             "signal.signal(signal.SIGTERM, bye)\n"
             "try:\n"
