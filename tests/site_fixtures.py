@@ -211,6 +211,8 @@ def make_summary(
         "runtime": {
             "runtime": "local",
             "sandbox": "bwrap",
+            "engine": None,
+            "images": None,
             "isolation": {
                 "seccomp": {"in_force": False, "reason": "fixture: not attested", "details": None},
                 "cgroup": {"in_force": True, "reason": None, "details": {"version": 2, "parents": {"unified": "/x"}}},

@@ -535,7 +535,7 @@ def probed(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
 
 @pytest.mark.slow
 def test_no_backend_shows_a_harness_only_file(probed: dict[str, Any]) -> None:
-    assert probed["files"] > 10_000, "the walk read the system tree"
+    assert probed["files"] > 5_000, "the walk read the system tree (an OCI agent image holds about 9,000 files)"
     assert probed["hits"] == []
 
 

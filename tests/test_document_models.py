@@ -72,6 +72,16 @@ def _compare(hint: Any, schema: dict[str, Any], root: dict[str, Any], where: str
             return
     if int in pythons and float in pythons:  # JSON's number is both (a free-form scalar)
         pythons.remove(int)
+    classes = [p for p in pythons if attrs.has(p)]
+    if len(classes) > 1:  # a union of classes (the runtime's code): each is the object with its members
+        objects = [s for s in jsons if s.get("type") == "object"]
+        assert len(objects) == len(classes), where
+        for cls in classes:
+            fields = {a.name for a in attrs.fields(cls)}
+            (match,) = [o for o in objects if set(o["properties"]) == fields]
+            _compare_class(cls, match, root, f"{where}<{cls.__name__}>")
+        pythons = [p for p in pythons if p not in classes]
+        jsons = [s for s in jsons if s not in objects]
     assert len(pythons) == len(jsons), f"{where}: {pythons} vs {[s.get('type') for s in jsons]}"
     by_kind = {s["type"]: s for s in jsons}
     for p in pythons:

@@ -1,33 +1,54 @@
-"""The podman backend (ale/runner/oci.py): its argv and seccomp profile, and the runtime
-conformance suite run against it with the real images built here and locked.
+"""The OCI runtimes (ale/runner/oci.py): their command lines, the sandbox's first process
+(ale/runner/oci_launch.py), what they read from their engines, and what only a real podman shows:
+the locked digests in the attestation, the harness's /tmp, the local filter's rules, the mounts a
+sandbox and an evaluator get, and nothing left behind.
 
-Slow (the images are built from the download cache shared with test_images_repro.py); needs
-rootful podman with runc and skopeo (CI installs them: ``ALE_SITE_TOOLS_REQUIRED=1``).
+The runtime conformance suite and the isolation tests run against ``podman`` and ``docker`` from
+the registry (tests/test_runtime_conformance.py, test_seccomp.py, test_cgroups.py,
+test_agent_view.py); docker's own tests are tests/test_docker_runtime.py. The slow tests here
+need rootful podman with runc and skopeo (CI installs them: ``ALE_SITE_TOOLS_REQUIRED=1``).
 """
 
 from __future__ import annotations
 
-import errno
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
+import trio
+from fuzzing import fuzz_settings, hostile_json, json_values
+from hypothesis import given
+from oci_images import prepare
 from sandbox_tools import missing
 
-from ale.images import attest, definition
-from ale.images.build import build_image
-from ale.images.fetch import FetchError, default_cache
-from ale.runner import seccomp
-from ale.runner.conformance import Box, Lines, RuntimeConformance
-from ale.runner.oci import ImageRef, PodmanRuntime, evaluator_argv, sandbox_argv, seccomp_profile, with_fd
-from ale.runner.runtime import EvaluatorSpec, Limits, Runtime, SandboxSpec
+from ale.images import attest
+from ale.runner import agent_env, oci, oci_launch, seccomp
+from ale.runner.conformance import Box, Lines, _evaluator_spec
+from ale.runner.oci import (
+    DOCKER,
+    PODMAN,
+    DockerRuntime,
+    ImageRef,
+    PodmanRuntime,
+    SandboxFiles,
+    evaluator_argv,
+    module_binds,
+    sandbox_argv,
+    serve_options,
+)
+from ale.runner.runtime import Limits, RuntimeUnavailable, SandboxSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGEST = "sha256:" + "ab" * 32
+LAUNCH = Path(oci_launch.__file__)
 
 
 def _spec(tmp_path: Path, *, writable: bool = True) -> SandboxSpec:
@@ -38,183 +59,459 @@ def _spec(tmp_path: Path, *, writable: bool = True) -> SandboxSpec:
         task_dir=tmp_path / "task",
         evaluator_socket=tmp_path / "e.sock",
         env={"HOME": "/workspace", "PATH": "/ale/python/bin:/usr/bin:/bin"},
-        limits=Limits(processes=99, sandbox_memory_bytes=1 << 30, cpus=0.5, open_files=512, file_bytes=1 << 20),
+        limits=Limits(
+            processes=99,
+            sandbox_memory_bytes=1 << 30,
+            cpus=0.5,
+            open_files=512,
+            file_bytes=1 << 20,
+            memory_bytes=1 << 29,
+        ),
     )
 
 
-def test_sandbox_argv_runs_the_image_by_digest_with_every_restriction(tmp_path: Path) -> None:
+def _files(tmp_path: Path, tmp: Path | None = None) -> SandboxFiles:
+    return SandboxFiles(events=tmp_path / "ev", tmp=tmp, seccomp=tmp_path / "f.bpf", empty=tmp_path / "empty")
+
+
+# --- command lines ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", [PODMAN, DOCKER], ids=["podman", "docker"])
+def test_sandbox_argv_runs_the_image_by_digest_with_every_restriction(tmp_path: Path, engine: oci.Engine) -> None:
     argv = sandbox_argv(
-        "podman", _spec(tmp_path), ImageRef("agent-base", DIGEST), name="n", uid=1879048192,
-        seccomp_file=tmp_path / "s.json", tmp_dir=None,
+        engine, _spec(tmp_path), ImageRef("agent-base", DIGEST), name="n", uid=1879048192, files=_files(tmp_path),
+        cgroup_parent="/ale-oci/ale-1-ab",
     )  # fmt: skip
+    assert argv[:2] == [engine.binary, "run"]
     for flag in (
         "--pull=never", "--network=none", "--read-only", "--cap-drop=ALL", "--security-opt=no-new-privileges",
-        "--user=1879048192:1879048192", f"--security-opt=seccomp={tmp_path / 's.json'}", "--pids-limit=99",
-        f"--memory={1 << 30}", f"--memory-swap={1 << 30}", "--cpus=0.5", "--ulimit=nofile=512:512",
-        "--ulimit=nproc=99:99", f"--ulimit=fsize={1 << 20}:{1 << 20}", "--unsetenv-all", "--preserve-fds=1",
+        "--user=1879048192:1879048192", "--pids-limit=99", f"--memory={1 << 30}", f"--memory-swap={1 << 30}",
+        "--cpus=0.5", "--ulimit=nofile=512:512", "--ulimit=nproc=99:99", f"--ulimit=fsize={1 << 20}:{1 << 20}",
+        "--ulimit=core=0:0", "--cgroup-parent=/ale-oci/ale-1-ab", "--log-driver=none",
         f"--volume={tmp_path / 'ws'}:/workspace:rw", f"--volume={tmp_path / 'task'}:/task:ro",
-        f"--volume={tmp_path / 'e.sock'}:/ale/evaluator.sock", "--workdir=/workspace", "--env=ALE_EVENT_FD=3",
+        f"--volume={tmp_path / 'e.sock'}:/ale/evaluator.sock", f"--volume={tmp_path / 'ev'}:/ale/launch/events",
+        f"--volume={tmp_path / 'f.bpf'}:/ale/launch/seccomp.bpf:ro", f"--volume={tmp_path / 'empty'}:/run:ro",
+        f"--volume={tmp_path / 'empty'}:/var/tmp:ro", "--workdir=/workspace", "--env=ALE_EVENT_FD=3",
+        "--env=HOME=/workspace", f"--tmpfs=/tmp:rw,size={Limits().tmp_bytes},mode=1777,nosuid,nodev",
     ):  # fmt: skip
         assert flag in argv, flag
+    assert not any(a.startswith("--security-opt=seccomp") for a in argv)  # the launcher installs the filter
+    assert ("--read-only-tmpfs=false" in argv) == (engine is PODMAN)  # podman's own; docker's CLI has none
     i = argv.index(f"localhost/ale-agent-base@{DIGEST}")
-    assert argv[i + 1 :] == ["/usr/bin/env", "-u", "HOSTNAME", "/ale/python/bin/python3", "-c", "pass"]
-    ro = sandbox_argv("podman", _spec(tmp_path, writable=False), ImageRef("agent-base", DIGEST), name="n",
-                      uid=5, seccomp_file=tmp_path / "s.json", tmp_dir=tmp_path / "tmp")  # fmt: skip
+    launch = argv[i + 1 :]
+    assert launch[:4] == [agent_env.PYTHON, "-I", "-S", "-c"]
+    assert launch[4] == oci.launcher_source()
+    assert '"""' not in launch[4]
+    assert "bubblewrap" not in launch[4]  # the docstring stays in the file
+    assert launch[5:] == [
+        "--as", str(1 << 29), "--events", "/ale/launch/events", "--keep", "ALE_EVENT_FD,HOME,PATH",
+        "--seccomp", "/ale/launch/seccomp.bpf", "--", "/ale/python/bin/python3", "-c", "pass",
+    ]  # fmt: skip
+
+
+def test_sandbox_argv_read_only_workspace_harness_tmp_and_module_binds(tmp_path: Path) -> None:
+    ro = sandbox_argv(
+        PODMAN, _spec(tmp_path, writable=False), ImageRef("agent-base", DIGEST), name="n", uid=5,
+        files=_files(tmp_path, tmp_path / "tmp"), cgroup_parent="/p", binds=[(tmp_path / "m.py", "/x/m.py")],
+    )  # fmt: skip
     assert f"--volume={tmp_path / 'ws'}:/workspace:ro" in ro
     assert f"--volume={tmp_path / 'tmp'}:/tmp" in ro
+    assert not any(a.startswith("--tmpfs=/tmp") for a in ro)
+    assert f"--volume={tmp_path / 'm.py'}:/x/m.py:ro" in ro
 
 
-def test_evaluator_argv_mounts_only_its_folders(tmp_path: Path) -> None:
-    spec = EvaluatorSpec(
-        "cartpole-balance", b"{}", tmp_path / "s" / "a.sock", tmp_path / "p" / "h.sock", tmp_path / "p" / "e.jsonl"
-    )
-    argv = evaluator_argv("podman", spec, ImageRef("evaluator", DIGEST), name="e")
+def test_the_sandbox_binds_the_evaluator_socket_a_link_names(tmp_path: Path) -> None:
+    """An OCI evaluator's agent socket is a link at the spec's path: the container gets the socket."""
+    (tmp_path / "real.sock").write_text("")
+    (tmp_path / "e.sock").symlink_to(tmp_path / "real.sock")
+    argv = sandbox_argv(
+        PODMAN, _spec(tmp_path), ImageRef("agent-base", DIGEST), name="n", uid=5, files=_files(tmp_path),
+        cgroup_parent="/p",
+    )  # fmt: skip
+    assert f"--volume={tmp_path / 'real.sock'}:/ale/evaluator.sock" in argv
+
+
+def test_evaluator_argv_mounts_only_its_two_folders_with_limits(tmp_path: Path) -> None:
+    argv = evaluator_argv(PODMAN, ImageRef("evaluator", DIGEST), name="e", folder=tmp_path, pycache=None)
     assert [a for a in argv if a.startswith("--volume=")] == [
-        f"--volume={tmp_path / 'p'}:{tmp_path / 'p'}",
-        f"--volume={tmp_path / 's'}:{tmp_path / 's'}",
+        f"--volume={tmp_path / 'agent'}:/ale/agent",
+        f"--volume={tmp_path / 'harness'}:/ale/harness",
     ]
-    assert argv[argv.index(f"localhost/ale-evaluator@{DIGEST}") + 1 :][:3] == ["serve", "--task", "cartpole-balance"]
-    assert "--run-config-fd" in argv
+    cached = evaluator_argv(PODMAN, ImageRef("evaluator", DIGEST), name="e", folder=tmp_path, pycache=tmp_path / "c")
+    assert f"--volume={tmp_path / 'c'}:/ale/pycache" in cached
+    assert "--env=PYTHONPYCACHEPREFIX=/ale/pycache" in cached
+    assert "--env=PYTHONDONTWRITEBYTECODE=" in cached  # the image says 1: the cache is written
+    for flag in (
+        "--interactive", "--user=10001:10001", "--network=none", "--read-only", "--cap-drop=ALL",
+        "--security-opt=no-new-privileges", f"--pids-limit={oci.EVALUATOR_PROCESSES}",
+        f"--memory={oci.EVALUATOR_MEMORY_BYTES}", f"--cpus={oci.evaluator_cpus():g}",
+    ):  # fmt: skip
+        assert flag in argv, flag
+    assert argv[argv.index(f"localhost/ale-evaluator@{DIGEST}") + 1 :] == ["standby", "--job-fd", "0"]
+    assert serve_options("cartpole-balance")[:2] == ["--task", "cartpole-balance"]
+    assert "--run-config-fd" not in serve_options("x")  # the run configuration goes in the job, on stdin
 
 
-def test_with_fd_makes_the_descriptor_number_three() -> None:
-    assert with_fd(19, ["podman", "run"], direction="out") == [
-        "/bin/bash",
-        "-c",
-        'exec "$@" 3>&19',
-        "bash",
-        "podman",
-        "run",
-    ]
-    assert with_fd(9, ["x"], direction="in")[2] == 'exec "$@" 3<&9'
+def test_a_bundled_agents_own_modules_are_bound_and_nothing_of_the_client() -> None:
+    assert module_binds(None) == []
+    assert module_binds(agent_env.ensure()) == []  # the client library's closure is in the image
+    demo = agent_env.ensure(("ale.agents.demo",))
+    binds = dict((dest, src) for src, dest in module_binds(demo))
+    site = oci.IMAGE_SITE
+    assert f"{site}/ale/agents/__init__.py" in binds
+    assert f"{site}/ale/agents/demo.py" in binds
+    assert not any(dest.startswith(f"{site}/ale/client") for dest in binds)
+    assert all(src.is_file() and src.is_relative_to(demo.root) for src in binds.values())
 
 
-def test_seccomp_profile_has_the_local_filters_rules() -> None:
-    profile = seccomp_profile("x86_64", lambda name: name != "cacheflush")
-    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"
-    assert profile["defaultErrnoRet"] == errno.EPERM
-    allowed = profile["syscalls"][0]["names"]
-    assert "read" in allowed
-    assert "cacheflush" not in allowed
-    assert not {"ptrace", "mount", "unshare", "io_uring_setup", "bpf"} & set(allowed)
-    by_name: dict[str, list[dict[str, object]]] = {}
-    for rule in profile["syscalls"]:
-        for name in rule["names"]:
-            by_name.setdefault(name, []).append(rule)
-    assert by_name["clone3"][0]["errnoRet"] == errno.ENOSYS
-    assert by_name["clone"][0]["args"] == [
-        {"index": 0, "value": seccomp.NAMESPACE_FLAGS, "valueTwo": 0, "op": "SCMP_CMP_MASKED_EQ"}
-    ]
-    assert len(by_name["personality"]) == len(seccomp.PERSONALITIES)
-    assert len(by_name["socket"]) == 5  # AF_UNIX any; AF_INET and AF_INET6 with STREAM or DGRAM
+def test_an_agent_environment_with_distributions_the_image_lacks_is_named() -> None:
+    """``ale run --agent-package``: the OCI runtimes run the image's Python, which has the client's
+    distributions only; the others are named (and the sandbox refused: run_sandboxed)."""
+    assert oci.image_lacks(None) == []
+    assert oci.image_lacks(agent_env.ensure(("ale.agents.demo",))) == []
+    env = attrs.evolve(agent_env.ensure(), distributions=("numpy==2.4.6", "openai==2.0.0", "Some_Thing==1"))
+    assert oci.image_lacks(env) == ["Some_Thing==1", "openai==2.0.0"]
 
 
-# --- the conformance suite on podman -------------------------------------------------------------
+def test_the_agent_image_wants_exactly_the_client_librarys_distributions() -> None:
+    from packaging.utils import canonicalize_name
+
+    from ale.images import definition
+
+    wheels = {canonicalize_name(w.name) for w in definition.load(ROOT / "images" / "agent-base.toml").python.wheels}
+    assert wheels == set(oci._client_distributions())
 
 
-@pytest.fixture(scope="module")
-def built_images(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    if shutil.which("podman") is None or shutil.which("skopeo") is None:
-        missing("podman and skopeo are not installed (apt-get install podman runc skopeo)")
-    if os.geteuid() != 0:
-        missing("the podman runtime needs root (rootful podman)")
-    os.environ.setdefault("CONTAINERS_CONF", str(ROOT / ".ci" / "containers.conf"))
-    out = tmp_path_factory.mktemp("layouts")
-    cache = Path(os.environ.get("ALE_IMAGES_CACHE") or default_cache())
-    defs = [definition.load(ROOT / "images" / f"{n}.toml") for n in ("agent-base", "evaluator")]
+def test_the_image_site_is_the_agent_definitions() -> None:
+    from ale.images import definition
+
+    assert definition.load(ROOT / "images" / "agent-base.toml").python.site == oci.IMAGE_SITE
+
+
+# --- the sandbox's first process ---------------------------------------------------------------------
+
+
+def _launch(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-I", "-S", "-c", oci.launcher_source(), *args],
+        capture_output=True, text=True, env=env if env is not None else {"PATH": "/usr/bin:/bin", "DROP": "1"},
+        cwd=tmp_path, timeout=60,
+    )  # fmt: skip
+
+
+REPORT = (
+    "import json, os, resource\n"
+    'os.write(3, b\'{"kind": "note"}\\n\')\n'
+    "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+    "env = dict(e.split('=', 1) for e in open('/proc/self/environ').read().split('\\0') if e)\n"
+    "print(json.dumps({'env': env, 'as': resource.getrlimit(resource.RLIMIT_AS)[0],"
+    " 'seccomp': status['Seccomp'].strip()}))\n"
+)
+
+
+def test_the_launcher_sets_as_opens_the_channel_keeps_the_env_and_filters(tmp_path: Path) -> None:
+    fifo = tmp_path / "events"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    program = tmp_path / "f.bpf"
+    program.write_bytes(seccomp.build().program)
     try:
-        for d in defs:
-            build_image(d, ROOT, out / d.name, cache, log=lambda _line: None)
-    except FetchError as exc:
-        missing(f"the pinned downloads are neither cached nor reachable: {exc}")
-    lock = out / "images.lock.json"
-    attest.write_lock(lock, attest.read_lock_entries(out, defs))
-    return out, lock
+        proc = _launch(
+            tmp_path, "--as", str(4 << 30), "--events", str(fifo), "--keep", "PATH,ALE_EVENT_FD,MISSING",
+            "--seccomp", str(program), "--", sys.executable, "-c", REPORT,
+            env={"PATH": "/usr/bin:/bin", "ALE_EVENT_FD": "3", "HOSTNAME": "engine-added"},
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        assert os.read(reader, 4096) == b'{"kind": "note"}\n'
+    finally:
+        os.close(reader)
+    report = json.loads(proc.stdout)
+    assert report["env"] == {"PATH": "/usr/bin:/bin", "ALE_EVENT_FD": "3"}
+    assert report["as"] == 4 << 30
+    assert report["seccomp"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["--as", "1"], 126, "no command"),
+        (["--as", "--", "true"], 126, "usage"),
+        (["--bogus", "x", "--", "true"], 126, "unknown option --bogus"),
+        (["--as", "many", "--", "true"], 126, "cannot set up"),
+        (["--events", "/nonexistent/fifo", "--", "true"], 126, "cannot set up"),
+        (["--seccomp", "/nonexistent.bpf", "--", "true"], 126, "cannot set up"),
+        (["--", "/no/such/command"], 127, "cannot run /no/such/command"),
+    ],
+)
+def test_the_launcher_refuses_with_one_line_and_never_runs_the_command(
+    tmp_path: Path, args: list[str], status: int, message: str
+) -> None:
+    proc = _launch(tmp_path, *args)
+    assert proc.returncode == status
+    assert proc.stderr.count("\n") == 1
+    assert proc.stderr.startswith("ale sandbox: ")
+    assert message in proc.stderr
+
+
+@pytest.mark.parametrize("program", [b"", b"\x00" * 12, b"\x06\x00\x00\x00\x00\x00\xff\x7f" * 5000])
+def test_the_launcher_refuses_a_program_that_is_not_a_filter(tmp_path: Path, program: bytes) -> None:
+    (tmp_path / "f.bpf").write_bytes(program)
+    marker = tmp_path / "ran"
+    proc = _launch(tmp_path, "--seccomp", str(tmp_path / "f.bpf"), "--", "/usr/bin/touch", str(marker))
+    assert proc.returncode == 126, proc.stderr
+    assert "not a BPF program" in proc.stderr
+    assert not marker.exists()
+
+
+# --- what the engines say about themselves -------------------------------------------------------------
+
+PODMAN_INFO = {
+    "host": {"ociRuntime": {"name": "runc", "version": "runc version 1.1.5+ds1\ncommit: x"}, "cgroupVersion": "v1"},
+    "version": {"Version": "4.3.1"},
+}
+DOCKER_VERSION = {
+    "Client": {"Version": "20.10.24+dfsg1"},
+    "Server": {
+        "Components": [
+            {"Name": "Podman Engine", "Version": "4.3.1"},
+            {"Name": "OCI Runtime (runc)", "Version": "runc version 1.1.5+ds1\ncommit: x"},
+        ]
+    },
+}
+
+
+def test_the_engines_versions_are_read_from_their_json() -> None:
+    assert PodmanRuntime()._engine_info(json.dumps(PODMAN_INFO).encode()) == {
+        "name": "podman", "version": "4.3.1", "server": "podman 4.3.1", "oci_runtime": "runc version 1.1.5+ds1",
+    }  # fmt: skip
+    docker = DockerRuntime()
+    info = docker._engine_info(json.dumps(DOCKER_VERSION).encode())
+    assert info == {
+        "name": "docker", "version": "20.10.24+dfsg1", "server": "Podman Engine 4.3.1",
+        "oci_runtime": "runc version 1.1.5+ds1",
+    }  # fmt: skip
+    assert docker._can_load(info) == ""
+
+
+def test_a_docker_engine_that_cannot_keep_a_manifest_digest_is_refused_with_a_reason() -> None:
+    docker = DockerRuntime()
+    moby = {"Client": {"Version": "28.2.2"}, "Server": {"Components": [{"Name": "Engine", "Version": "28.2.2"}]}}
+    info = docker._engine_info(json.dumps(moby).encode())
+    assert info["server"] == "Engine 28.2.2"
+    assert "registry" in docker._can_load(info)
+    assert "podman system service" in docker._can_load(info)
+
+
+@pytest.mark.parametrize("raw", [b"", b"not json", b"[1, 2]", b'{"version": "4"}', b'{"Server": {"Components": 7}}'])
+@pytest.mark.parametrize("runtime", [PodmanRuntime, DockerRuntime])
+def test_garbage_from_the_engine_is_runtime_unavailable_or_empty_fields(
+    raw: bytes, runtime: type[oci.OciRuntime]
+) -> None:
+    try:
+        info = runtime()._engine_info(raw)
+    except RuntimeUnavailable as exc:
+        message = str(exc)
+    else:
+        assert all(isinstance(v, str) for v in info.values())
+        return
+    assert "\n" not in message
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(
+    hostile_json | json_values.map(lambda v: json.dumps({"version": v, "host": v, "Client": v, "Server": v}).encode())
+)
+def test_fuzz_engine_output_gives_strings_or_runtime_unavailable(raw: bytes) -> None:
+    for runtime in (PodmanRuntime(), DockerRuntime()):
+        try:
+            info = runtime._engine_info(raw)
+        except RuntimeUnavailable:
+            continue
+        assert set(info) == {"name", "version", "server", "oci_runtime"}
+        assert all(isinstance(v, str) for v in info.values())
+
+
+def test_the_runtime_reads_its_images_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("ALE_IMAGES_DIR", str(tmp_path / "layouts"))
+    monkeypatch.setenv("ALE_IMAGES_LOCK", str(tmp_path / "lock.json"))
+    runtime = PodmanRuntime()
+    assert (runtime.layouts, runtime.lock) == (tmp_path / "layouts", tmp_path / "lock.json")
+    monkeypatch.delenv("ALE_IMAGES_DIR")
+    monkeypatch.delenv("ALE_IMAGES_LOCK")
+    assert (PodmanRuntime().layouts, PodmanRuntime().lock) == (Path("out/images"), Path("images/images.lock.json"))
+
+
+def test_images_that_do_not_match_their_lock_are_runtime_unavailable(tmp_path: Path) -> None:
+    if shutil.which("podman") is None or os.geteuid() != 0:
+        pytest.skip("check() looks at the images only where a rootful engine could run them")
+    (tmp_path / "lock.json").write_text('{"format": "ale-images-lock/v1", "images": {}}')
+    with pytest.raises(RuntimeUnavailable, match="names no agent-base or evaluator image"):
+        PodmanRuntime(layouts=tmp_path, lock=tmp_path / "lock.json").check()
+    with pytest.raises(RuntimeUnavailable, match="ale images build"):
+        PodmanRuntime(layouts=tmp_path, lock=tmp_path / "missing.json").check()
+
+
+# --- on a real podman --------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
-def podman_runtime(built_images: tuple[Path, Path]) -> Iterator[PodmanRuntime]:
-    layouts, lock = built_images
-    runtime = PodmanRuntime(layouts=layouts, lock=lock)
+def podman_runtime() -> Iterator[PodmanRuntime]:
+    if (why := prepare("podman")) is not None:
+        missing(why)
+    runtime = PodmanRuntime()
     runtime.check()
-    return runtime
+    yield runtime
+    runtime.close()
+
+
+@pytest.fixture
+def box() -> Iterator[Box]:
+    folder = Path(tempfile.mkdtemp(prefix="ale-oci-"))
+    made = Box(folder)
+    try:
+        yield made
+    finally:
+        made.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ours() -> dict[str, Any]:
+    """What of this process's OCI runs is on the machine: containers, state folders, cgroups."""
+    listed = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], capture_output=True, text=True)
+    pid = f"-{os.getpid()}-"
+    state = [p.name for p in oci.STATE_DIR.iterdir() if pid in p.name] if oci.STATE_DIR.is_dir() else []
+    groups = [str(p) for p in Path("/sys/fs/cgroup").glob(f"*/ale-oci/ale-{os.getpid()}-*")]
+    groups += [str(p) for p in Path("/sys/fs/cgroup").glob(f"ale-oci/ale-{os.getpid()}-*")]
+    return {"containers": [n for n in listed.stdout.split() if pid in n], "state": state, "cgroups": groups}
 
 
 @pytest.mark.slow
-class TestPodmanConformance(RuntimeConformance):
-    @pytest.fixture
-    def runtime(self, podman_runtime: PodmanRuntime) -> Runtime:
-        return podman_runtime
-
-
-@pytest.mark.slow
-def test_podman_attestation_names_the_locked_digests(
-    podman_runtime: PodmanRuntime, built_images: tuple[Path, Path]
-) -> None:
-    _layouts, lock = built_images
+def test_podman_attestation_names_the_locked_digests(podman_runtime: PodmanRuntime) -> None:
     att = podman_runtime.attestation()
-    entries = attest.read_lock(lock)
+    entries = attest.read_lock(podman_runtime.lock)
     assert att["images"]["images"]["evaluator"]["digest"] == entries["evaluator"]["digest"]
     assert att["code"]["agent_image_sha256"] == entries["agent-base"]["digest"][7:]
+    assert att["engine"]["name"] == "podman"
+    assert att["engine"]["version"]
+    assert att["isolation"]["seccomp"]["details"] == seccomp.build().describe()  # the local runtime's filter
+    assert podman_runtime.image_digests() == {n: e["digest"] for n, e in entries.items()}
 
 
 @pytest.mark.slow
-async def test_podman_sandbox_tmp_is_size_and_inode_limited(podman_runtime: PodmanRuntime, tmp_path: Path) -> None:
-    """/tmp is the harness's tmpfs (size= and nr_inodes=), which podman's own --tmpfs cannot limit by inodes."""
+async def test_podman_sandbox_tmp_is_size_and_inode_limited(podman_runtime: PodmanRuntime, box: Box) -> None:
+    """/tmp is the harness's tmpfs (size= and nr_inodes=), which the engines' --tmpfs cannot limit by inodes."""
+    code = (
+        "import errno, json, os\n"
+        "n = 0\n"
+        "try:\n"
+        "    while n < 5000:\n"
+        "        open(f'/tmp/f{n}', 'w').close()\n"
+        "        n += 1\n"
+        "    r = 'no limit'\n"
+        "except OSError as exc:\n"
+        "    r = errno.errorcode[exc.errno]\n"
+        "print('REPORT ' + json.dumps({'files': n, 'stopped': r}), flush=True)\n"
+    )
+    lines = Lines()
+    spec = attrs.evolve(box.spec(code), limits=Limits(tmp_bytes=16 << 20))
+    result = await podman_runtime.run_sandboxed(spec, lines)
+    assert result.exit_status == 0, lines.lines
+    report = lines.report()
+    assert report["stopped"] == "ENOSPC", report
+    assert report["files"] < 1100
+
+
+@pytest.mark.slow
+async def test_podman_sandbox_runs_under_the_local_filters_rules(podman_runtime: PodmanRuntime, box: Box) -> None:
+    """The local filter on top of podman's default profile: netlink and raw sockets are refused (podman's
+    default allows them), ptrace is EPERM, the filter is installed, and io_uring looks absent."""
+    code = (
+        "import ctypes, errno, json, socket\n"
+        "r = {'seccomp': [l.split()[1] for l in open('/proc/self/status') if l.startswith('Seccomp:')][0]}\n"
+        "for name, fam, kind in [('netlink', 16, socket.SOCK_RAW), ('packet', 17, socket.SOCK_RAW),\n"
+        "                        ('unix', socket.AF_UNIX, socket.SOCK_STREAM)]:\n"
+        "    try:\n"
+        "        socket.socket(fam, kind).close()\n"
+        "        r[name] = 'opened'\n"
+        "    except OSError as exc:\n"
+        "        r[name] = errno.errorcode[exc.errno]\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "r['ptrace'] = errno.errorcode.get(ctypes.get_errno(), 'ok') if libc.ptrace(0, 0, 0, 0) != 0 else 'ok'\n"
+        "r['clone3'] = errno.errorcode.get(ctypes.get_errno()) if libc.syscall(435, 0, 0) != 0 else 'ok'\n"
+        "print('REPORT ' + json.dumps(r), flush=True)\n"
+    )
+    lines = Lines()
+    result = await podman_runtime.run_sandboxed(box.spec(code), lines)
+    assert result.exit_status == 0, lines.lines
+    assert lines.report() == {
+        "seccomp": "2", "netlink": "EPERM", "packet": "EPERM", "unix": "opened", "ptrace": "EPERM",
+        "clone3": "ENOSYS",
+    }  # fmt: skip
+
+
+MOUNTS = (
+    "import json\n"
+    "points = sorted({l.split()[4] for l in open('/proc/self/mountinfo')})\n"
+    "print('REPORT ' + json.dumps({'points': points}), flush=True)\n"
+)
+
+
+@pytest.mark.slow
+async def test_podman_sandbox_mounts_only_the_contracts_paths(podman_runtime: PodmanRuntime, box: Box) -> None:
+    """The agent's container mounts the contract's paths and its launcher's two files; no evaluator
+    folder (the harness endpoint's socket is in a folder only the evaluator's container mounts)."""
+    lines = Lines()
+    result = await podman_runtime.run_sandboxed(box.spec(MOUNTS), lines)
+    assert result.exit_status == 0, lines.lines
+    points = set(lines.report()["points"])
+    host = {p for p in points if p.startswith(("/proc", "/sys", "/dev", "/etc"))}
+    assert points - host == {
+        "/", "/workspace", "/task", "/ale/evaluator.sock", "/ale/launch/events", "/ale/launch/seccomp.bpf",
+        "/run", "/var/tmp", "/tmp",
+    }  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_podman_evaluator_event_log_and_sockets_at_the_specs_paths(podman_runtime: PodmanRuntime) -> None:
+    """The sockets and the event log are the container's, linked at the spec's paths while it runs; after,
+    the log is a plain file there, the links are gone, and so are the container and its folder."""
     folder = Path(tempfile.mkdtemp(prefix="ale-oci-"))
-    box = Box(folder)
     try:
-        code = (
-            "import errno, json, os\n"
-            "n = 0\n"
-            "try:\n"
-            "    while n < 5000:\n"
-            "        open(f'/tmp/f{n}', 'w').close()\n"
-            "        n += 1\n"
-            "    r = 'no limit'\n"
-            "except OSError as exc:\n"
-            "    r = errno.errorcode[exc.errno]\n"
-            "print('REPORT ' + json.dumps({'files': n, 'stopped': r}), flush=True)\n"
-        )
-        lines = Lines()
-        spec = attrs.evolve(box.spec(code), limits=Limits(tmp_bytes=16 << 20))
-        result = await podman_runtime.run_sandboxed(spec, lines)
-        assert result.exit_status == 0, lines.lines
-        report = lines.report()
-        assert report["stopped"] == "ENOSPC", report
-        assert report["files"] < 1100
+        spec = _evaluator_spec(folder)
+        async with podman_runtime.open_evaluator(spec) as handle:
+            assert spec.harness_socket.is_symlink()
+            target = spec.harness_socket.resolve()
+            assert target.parent.stat().st_mode & 0o777 == 0o700  # only the evaluator's user (and root)
+            assert not spec.agent_socket.resolve().is_relative_to(target.parent)
+            assert handle.harness_target == f"unix:{spec.harness_socket}"
+        assert spec.events_path.is_file()
+        assert not spec.events_path.is_symlink()
+        assert json.loads(spec.events_path.read_text().splitlines()[0])["kind"] == "evaluator_ready"
+        assert not spec.agent_socket.exists()
+        assert not spec.agent_socket.is_symlink()
+        podman_runtime.close()  # waits for the removals, which happen off the run's path
+        assert not target.parent.exists()
     finally:
-        box.close()
         shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.mark.slow
-async def test_podman_sandbox_runs_under_the_local_filters_rules(podman_runtime: PodmanRuntime) -> None:
-    """Not podman's default profile: netlink and raw sockets are refused (podman's allows them),
-    ptrace is EPERM, and the filter is installed (Seccomp: 2)."""
-    folder = Path(tempfile.mkdtemp(prefix="ale-oci-"))
-    box = Box(folder)
-    try:
-        code = (
-            "import ctypes, errno, json, socket\n"
-            "r = {'seccomp': [l.split()[1] for l in open('/proc/self/status') if l.startswith('Seccomp:')][0]}\n"
-            "for name, fam, kind in [('netlink', 16, socket.SOCK_RAW), ('packet', 17, socket.SOCK_RAW),\n"
-            "                        ('unix', socket.AF_UNIX, socket.SOCK_STREAM)]:\n"
-            "    try:\n"
-            "        socket.socket(fam, kind).close()\n"
-            "        r[name] = 'opened'\n"
-            "    except OSError as exc:\n"
-            "        r[name] = errno.errorcode[exc.errno]\n"
-            "libc = ctypes.CDLL(None, use_errno=True)\n"
-            "r['ptrace'] = errno.errorcode.get(ctypes.get_errno(), 'ok') if libc.ptrace(0, 0, 0, 0) != 0 else 'ok'\n"
-            "print('REPORT ' + json.dumps(r), flush=True)\n"
-        )
-        lines = Lines()
-        result = await podman_runtime.run_sandboxed(box.spec(code), lines)
-        assert result.exit_status == 0, lines.lines
-        assert lines.report() == {
-            "seccomp": "2", "netlink": "EPERM", "packet": "EPERM", "unix": "opened", "ptrace": "EPERM"
-        }  # fmt: skip
-    finally:
-        box.close()
-        shutil.rmtree(folder, ignore_errors=True)
+async def test_podman_leaves_no_container_cgroup_or_folder_behind(podman_runtime: PodmanRuntime, box: Box) -> None:
+    with trio.move_on_after(2):
+        await podman_runtime.run_sandboxed(box.spec("import time; time.sleep(60)"), Lines())
+    await podman_runtime.run_sandboxed(box.spec("import os; os.kill(os.getpid(), 9)"), Lines())
+    podman_runtime.prestart_evaluator()
+    podman_runtime.close()
+    assert _ours() == {"containers": [], "state": [], "cgroups": []}
+
+
+@pytest.mark.slow
+async def test_podman_the_event_channels_file_is_the_channel_itself(podman_runtime: PodmanRuntime, box: Box) -> None:
+    """The event channel's file is the agent's own channel: writing to it by path is writing events."""
+    code = "open('/ale/launch/events', 'w').write('{\"kind\": \"by-path\"}\\n')"
+    lines = Lines()
+    result = await podman_runtime.run_sandboxed(box.spec(code), lines)
+    assert result.exit_status == 0, lines.lines
+    assert lines.of("event") == ['{"kind": "by-path"}']

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import attrs
 import pytest
+from oci_images import prepare
 from sandbox_tools import missing
 
 from ale.runner import runtimes, supervise
@@ -29,6 +30,7 @@ class Backend:
     id: str  # the registry name
 
     def make(self) -> Runtime:
+        prepare(self.id)  # the OCI backends: their images built and locked (tests/oci_images.py)
         return runtimes.make(self.id)
 
     def unavailable(self) -> str | None:
@@ -38,6 +40,8 @@ class Backend:
 
 @functools.cache
 def _unavailable(name: str) -> str | None:
+    if (why := prepare(name)) is not None:
+        return why
     try:
         runtimes.make(name).check()
     except RuntimeUnavailable as exc:
@@ -77,7 +81,7 @@ def test_each_registered_runtime_is_named_as_registered(name: str) -> None:
     assert runtimes.runtime_class(name).name == name
 
 
-@pytest.mark.parametrize("name", ["podman", "", "LOCAL", "local ", "ale.runner.local:LocalRuntime"])
+@pytest.mark.parametrize("name", ["rkt", "", "LOCAL", "Podman", "docker ", "ale.runner.local:LocalRuntime"])
 def test_unknown_runtime_names_the_known_ones(name: str) -> None:
     with pytest.raises(runtimes.UnknownRuntime) as info:
         runtimes.make(name)

@@ -243,7 +243,7 @@ def test_the_manifest_names_the_profile(flt: seccomp.Filter) -> None:
 # --- the kernel enforces it on real sandboxes --------------------------------------------------------
 
 PROBE = r"""
-import errno, json, os, socket, subprocess
+import errno, json, os, shutil, socket, subprocess
 R = {}
 def attempt(name, fn):
     try:
@@ -255,6 +255,8 @@ def sock(*a):
     s.close()
     return "opened"
 def run(*argv):
+    if shutil.which(argv[0]) is None:  # an OCI runtime's agent image has no util-linux
+        return None
     p = subprocess.run(argv, capture_output=True, text=True)
     return [p.returncode, (p.stdout + p.stderr)[-300:]]
 R["status"] = {k: v.strip() for k, v in (l.split(":", 1) for l in open("/proc/self/status") if ":" in l)
@@ -275,6 +277,11 @@ def unshare(flags):
 attempt("unshare_user", lambda: unshare(0x10000000))
 attempt("unshare_net", lambda: unshare(0x40000000))
 os.makedirs("/tmp/m", exist_ok=True)
+def mount():
+    if libc.mount(b"none", b"/tmp/m", b"tmpfs", 0, None) != 0:
+        raise OSError(ctypes.get_errno(), "mount")
+    return "mounted"
+attempt("mount_call", mount)
 R["unshare_tool"] = run("unshare", "-U", "-r", "true")
 R["mount_tool"] = run("mount", "-t", "tmpfs", "none", "/tmp/m")
 R["sh"] = run("sh", "-c", "echo $((6*7))")
@@ -357,14 +364,17 @@ def test_unix_and_ip_sockets_still_work(report: dict[str, Any]) -> None:
 def test_no_new_namespaces(report: dict[str, Any]) -> None:
     assert report["unshare_user"] == ["error", "EPERM"]
     assert report["unshare_net"] == ["error", "EPERM"]
-    code, text = report["unshare_tool"]
-    assert code != 0
-    assert "Operation not permitted" in text
+    if report["unshare_tool"] is not None:  # the tool is there (the host's, under bubblewrap)
+        code, text = report["unshare_tool"]
+        assert code != 0
+        assert "Operation not permitted" in text
 
 
 def test_mount_fails(report: dict[str, Any]) -> None:
-    code, _text = report["mount_tool"]
-    assert code != 0
+    assert report["mount_call"] == ["error", "EPERM"]
+    if report["mount_tool"] is not None:
+        code, _text = report["mount_tool"]
+        assert code != 0
 
 
 def test_ordinary_tools_still_run(report: dict[str, Any]) -> None:

@@ -205,6 +205,7 @@ def audit_summary(
     root: str,
     events: int,
     credits: dict[str, Credit] | None = None,
+    release_images: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """What the verifier stores and the board shows: ``recomputed`` are the credited scores."""
     m = docs.manifest
@@ -212,7 +213,7 @@ def audit_summary(
     credits = credits or {}
     return {
         "run_id": m.run_id,
-        "agent": {"name": m.agent.name, "declared": dict(m.agent.declared)},
+        "agent": {"name": m.agent.name, "declared": dict(m.agent.declared), "command": list(m.agent.command)},
         "release": m.release.name,
         "release_sha256": m.release.manifest_sha256,
         "tasks": [
@@ -244,6 +245,7 @@ def audit_summary(
         "usage": plain(docs.network.usage),
         "network_proxy": plain(docs.network.proxy),
         "runtime": plain(m.runtime),
+        "release_images": release_images,  # what the release pins (runtime.images was checked against it)
         "challenge_id": challenge["id"] if challenge else None,
         "runner": None if runner is None else {"key_id": runner.key_id, "kind": runner.kind, "label": runner.label},
         "ciphertext_sha256": ciphertext_sha256,
@@ -367,6 +369,7 @@ def process_upload(
             root=root,
             events=chain.events,
             credits=credits,
+            release_images=release.images,
         )  # 13.
         level, notes = assign_level(summary)
         notes += unjudged_notes(credits)

@@ -145,6 +145,49 @@ class CodeAttestation:
 
 
 @attrs.frozen
+class ImagesCodeAttestation:
+    """An OCI runtime's: the manifest digests of the images that ran (hex, without ``sha256:``)."""
+
+    kind: Literal["oci-images"]
+    note: str
+    evaluator_image_sha256: Digest = attrs.field(validator=_digest)
+    agent_image_sha256: Digest = attrs.field(validator=_digest)
+    images_lock_sha256: Digest = attrs.field(validator=_digest)
+
+
+_IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _image_digest(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+    if not _IMAGE_DIGEST.fullmatch(value):
+        raise ValueError(f"{attr.name} must be sha256: and 64 lowercase hex digits")
+
+
+@attrs.frozen
+class RanImage:
+    digest: str = attrs.field(validator=_image_digest)  # the OCI manifest digest, sha256:...
+    definition_sha256: Digest = attrs.field(validator=_digest)
+
+
+@attrs.frozen
+class RanImages:
+    """The images an OCI runtime ran (docs/images.md, "Attestation"), checked against their lock."""
+
+    lock_sha256: Digest = attrs.field(validator=_digest)
+    images: dict[str, RanImage]
+
+
+@attrs.frozen
+class Engine:
+    """An OCI runtime's engine: its CLI's name and version, the engine behind it, its OCI runtime."""
+
+    name: Literal["podman", "docker"]
+    version: str
+    server: str
+    oci_runtime: str
+
+
+@attrs.frozen
 class SeccompDetails:
     profile: str
     source: str
@@ -215,10 +258,12 @@ class Isolation:
 
 @attrs.frozen
 class Runtime:
-    runtime: Literal["local"]
-    sandbox: Literal["bwrap"]
+    runtime: Literal["local", "podman", "docker"]
+    sandbox: Literal["bwrap", "podman", "docker"]
+    engine: Engine | None  # the OCI runtimes' (null for the local runtime)
+    images: RanImages | None  # what the OCI runtimes ran, by digest (null for the local runtime)
     isolation: Isolation
-    code: CodeAttestation
+    code: CodeAttestation | ImagesCodeAttestation
 
 
 @attrs.frozen

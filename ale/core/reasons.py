@@ -71,6 +71,7 @@ class Reason(enum.StrEnum):
     UNKNOWN_RELEASE = "unknown_release"
     UNKNOWN_TASK_VERSION = "unknown_task_version"
     TASK_MISMATCH = "task_mismatch"
+    IMAGE_MISMATCH = "image_mismatch"
     SCORE_MISMATCH = "score_mismatch"
     # notes on an accepted upload (why its level is not higher)
     NO_CHALLENGE = "no_challenge"
@@ -204,6 +205,12 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.UNKNOWN_TASK_VERSION: _info("11 versions", _R, "a task (with its digest) is not known, or not in the release"),
     R.TASK_MISMATCH: _info(
         "11 versions", _R, "the bundle misstates a task's genre, mode, metric, safety metrics or episode count"
+    ),
+    R.IMAGE_MISMATCH: _info(
+        "11 versions",
+        _R,
+        "an OCI runtime ran images other than the ones the release names (by manifest digest), or the "
+        "manifest's image digests contradict each other",
     ),
     R.SCORE_MISMATCH: _info("12 scores", _R, "the claimed scores differ from the recomputed ones"),
     R.NO_CHALLENGE: _info("level", _N, "the run had no challenge: freshness cannot be proven (`self_reported`)"),

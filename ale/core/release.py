@@ -4,13 +4,18 @@ Paper targets, the CAP, EPS, zero-target safety limits and the required task
 set are synced from this versioned JSON file at scoring time; none of them is
 embedded in task code. Its hash (SHA-256 of the file's bytes) goes into every
 bundle, and the hash of the required task set is what coverage is checked
-against.
+against. ``images`` names the release's images by their OCI manifest digests
+(what ``ale images lock`` wrote), or is absent: a release that pins none. The
+runner refuses to run other images for it, and the verifier refuses a bundle
+whose runtime ran others (:func:`image_mismatches`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import re
+from collections.abc import Mapping
 
 import attrs
 
@@ -39,6 +44,22 @@ class TaskTarget:
                 raise ValueError(f"safety limit {name!r} must be a finite positive number, got {limit}")
 
 
+_IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+_IMAGE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+
+
+def _images(_inst: object, _attr: object, value: dict[str, str] | None) -> None:
+    if value is None:
+        return
+    if not value:
+        raise ValueError("images: name at least one image, or leave the member out")
+    for name, digest in value.items():
+        if not _IMAGE_NAME.fullmatch(name):
+            raise ValueError(f"images: {name[:80]!r} is not an image name")
+        if not _IMAGE_DIGEST.fullmatch(digest):
+            raise ValueError(f"images.{name} must be sha256: and 64 lowercase hex digits")
+
+
 @attrs.frozen
 class ReleaseManifest:
     schema: str = attrs.field(validator=attrs.validators.in_((RELEASE_SCHEMA,)))
@@ -49,6 +70,7 @@ class ReleaseManifest:
     missing_tasks: str = attrs.field(validator=attrs.validators.in_(("exclude", "zero")))
     required_tasks: tuple[str, ...]
     tasks: dict[str, TaskTarget]
+    images: dict[str, str] | None = attrs.field(default=None, validator=_images)  # name -> sha256:...
 
     def __attrs_post_init__(self) -> None:
         if len(set(self.required_tasks)) != len(self.required_tasks):
@@ -72,10 +94,26 @@ class ReleaseManifest:
             raise KeyError(f"release {self.release} has no target for {task_ref}") from None
 
 
+def image_mismatches(pinned: Mapping[str, str] | None, ran: Mapping[str, str]) -> list[str]:
+    """What keeps images ``ran`` (name -> manifest digest) from being a release's ``pinned`` ones,
+    one sentence each; empty when they are (or when the release pins none)."""
+    if pinned is None:
+        return []
+    problems = [
+        f"the release pins {name} {digest}, but {ran[name]} ran"
+        if name in ran
+        else f"the release pins {name} {digest}, which did not run"
+        for name, digest in sorted(pinned.items())
+        if ran.get(name) != digest
+    ]
+    problems += [f"{name} {ran[name]} ran, which the release does not pin" for name in sorted(set(ran) - set(pinned))]
+    return problems
+
+
 def parse_release(raw: bytes) -> tuple[ReleaseManifest, str]:
     """Parse a release manifest; return it with the SHA-256 (hex) of its bytes."""
     manifest = loads(raw, ReleaseManifest, what="release manifest")
     return manifest, hashlib.sha256(raw).hexdigest()
 
 
-__all__ = ["RELEASE_SCHEMA", "ParseError", "ReleaseManifest", "TaskTarget", "parse_release"]
+__all__ = ["RELEASE_SCHEMA", "ParseError", "ReleaseManifest", "TaskTarget", "image_mismatches", "parse_release"]

@@ -14,8 +14,8 @@ only what needs its own records (the challenge token, one-time use, persistence)
 4. the integrity root: each file's SHA-256, the Merkle root, the chain head (``integrity_mismatch``),
    and a runner signature (``bad_signature``, ``unregistered_runner``): :func:`check_integrity`,
    :func:`check_signature`;
-5. benchmark and task versions against the release, and coverage (``unknown_release``, ...):
-   :func:`check_versions`;
+5. benchmark and task versions against the release, the images that ran against the release's
+   (``image_mismatch``), and coverage (``unknown_release``, ...): :func:`check_versions`;
 6. the faithfulness verdicts, then the scores recomputed from the evaluator results and compared
    with the claimed ones (``inconsistent_results``, ``score_mismatch``): :func:`recompute_scores`.
 
@@ -36,7 +36,9 @@ from ale.core.canonical import CanonicalError, canonical_json
 from ale.core.documents import (
     DOCUMENT_CLASSES,
     ArtifactsManifest,
+    CodeAttestation,
     Faithfulness,
+    ImagesCodeAttestation,
     Integrity,
     Manifest,
     NetworkSummary,
@@ -49,7 +51,7 @@ from ale.core.judge_input import JudgeInput, JudgeInputError, TaskContext
 from ale.core.merkle import files_root
 from ale.core.parse import ParseError, converter, parse_json, structure
 from ale.core.reasons import Level, Reason, VerificationError
-from ale.core.release import ReleaseManifest
+from ale.core.release import ReleaseManifest, image_mismatches
 from ale.core.results import (
     ResultInconsistency,
     RunScore,
@@ -423,6 +425,29 @@ def _check_result_tasks(
             )  # fmt: skip
 
 
+def check_images(docs: Documents, release: ReleaseManifest) -> None:
+    """The images an OCI runtime ran (``runtime.images``) are the release's, where the release names
+    them (``image_mismatch``), and the manifest says the same of them twice (``runtime.code``). A
+    run of the local runtime ran no image: there is nothing to compare (the submission page says so)."""
+    runtime = docs.manifest.runtime
+    if runtime.images is None:
+        if not isinstance(runtime.code, CodeAttestation):
+            raise VerificationError(Reason.IMAGE_MISMATCH, "the manifest names image digests but no images")
+        return
+    ran = {name: entry.digest for name, entry in runtime.images.images.items()}
+    code = runtime.code
+    if not isinstance(code, ImagesCodeAttestation):
+        raise VerificationError(Reason.IMAGE_MISMATCH, "the manifest names images but no image digests")
+    claimed = {"evaluator": f"sha256:{code.evaluator_image_sha256}", "agent-base": f"sha256:{code.agent_image_sha256}"}
+    if any(ran.get(name) != digest for name, digest in claimed.items()):
+        raise VerificationError(Reason.IMAGE_MISMATCH, "the manifest's image digests contradict each other")
+    if code.images_lock_sha256 != runtime.images.lock_sha256:
+        raise VerificationError(Reason.IMAGE_MISMATCH, "the manifest names two different images locks")
+    problems = image_mismatches(release.images, ran)
+    if problems:
+        raise VerificationError(Reason.IMAGE_MISMATCH, f"release {release.release}: {'; '.join(problems)}")
+
+
 def check_versions(
     docs: Documents,
     *,
@@ -433,6 +458,7 @@ def check_versions(
     property the score depends on (genre, mode, metric, direction, episode count) taken from the
     task definition, never from the bundle's word."""
     release = _find_release(docs, release_for)
+    check_images(docs, release)
     if docs.results.run_id != docs.manifest.run_id:
         raise VerificationError(Reason.INCONSISTENT_RESULTS, "task_results.json belongs to another run")
     _check_manifest_tasks(docs, release, known_tasks)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shlex
 import shutil
@@ -264,6 +265,24 @@ def _run(
     upstreams: Any,
     judge: Any = None,
 ) -> int:
+    made = _make_bundle(args, runtime, release, tasks, out_dir, agent, upstreams, judge)
+    if isinstance(made, int):
+        return made
+    print(made)
+    return 0
+
+
+def _make_bundle(
+    args: argparse.Namespace,
+    runtime: Runtime,
+    release: tuple[Any, str, str],
+    tasks: list[str],
+    out_dir: Path,
+    agent: AgentSpec,
+    upstreams: Any,
+    judge: Any = None,
+) -> Path | int:
+    """Run and write the bundle: its path, or the exit status of a run that wrote none."""
     from ale.runner.harness import Harness
     from ale.runner.options import RunOptions
     from ale.runner.progress import LiveProgress, PlainProgress
@@ -303,8 +322,52 @@ def _run(
         progress.close()
         shutil.rmtree(record.root, ignore_errors=True)
     _report(record, run_score, key_path)
-    print(path)
-    return 0
+    return path
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    """``ale rerun SUBMISSION`` (ale.runner.rerun): the submission's agent rerun officially, uploaded."""
+    from ale.runner.rerun import RerunError, agent_of, release_of, summary_of, tasks_of
+    from ale.runner.site import Site, SiteError
+
+    token = args.token or os.environ.get("ALE_TOKEN")
+    if not token:
+        raise CliError("--token or $ALE_TOKEN: the rerun asks the site for a challenge and uploads")
+    if not args.runner_key:
+        raise CliError("--runner-key: an official rerun is signed by a registered runner key")
+    try:
+        with Site(args.site, token) as site:
+            record = site.submission(args.submission)
+        summary = summary_of(record)
+        agent = agent_of(summary, packages=tuple(args.agent_package or ()))
+        tasks = tasks_of(summary)
+        release = release_of(summary)
+    except SiteError as exc:
+        raise CliError(str(exc)) from None
+    except RerunError as exc:
+        raise CliError(f"cannot rerun {args.submission}: {exc}") from None
+    runtime = _runtime(args.runtime)
+    upstreams = _upstreams(args)
+    judge = judge_cli.judge_options(args)  # the faithfulness judge, as for ale run
+    out_dir = _writable_out(args)
+    print(f"rerunning {args.submission}: {agent.name} on {', '.join(tasks)} ({release[2]})", file=sys.stderr)
+    runtime.prestart_evaluator()
+    try:
+        made = _make_bundle(args, runtime, release, tasks, out_dir, agent, upstreams, judge)
+    finally:
+        runtime.close()
+    if isinstance(made, int):
+        return made
+    try:
+        with Site(args.site, token) as site:
+            verdict = site.submit(made)
+    except SiteError as exc:
+        raise CliError(f"the rerun's bundle {made} was not uploaded: {exc}") from None
+    print(f"{verdict.get('status')}: level {verdict.get('level')} ({verdict.get('url')}), rerun of {args.submission}")
+    for r in verdict.get("reasons") or []:
+        print(f"  {r.get('reason')}: {r.get('message')}")
+    print(made)
+    return 0 if verdict.get("status") == "accepted" else 1
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -365,6 +428,24 @@ def cmd_view(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
 
 
+def add_llm_arguments(p: argparse.ArgumentParser) -> None:
+    """The LLM gateway's options (``ale run``, ``ale rerun``)."""
+    p.add_argument(
+        "--llm-upstream",
+        action="append",
+        metavar="NAME=URL[,api=API][,key-env=VAR][,ca-file=PATH]",
+        help="an LLM API the agent may reach through the run's gateway (repeatable), e.g. "
+        "openai=https://api.openai.com/v1 (key from $OPENAI_API_KEY) or local=http://127.0.0.1:8080/v1,api=openai; "
+        "api: openai or anthropic (default: NAME when it is one of them); key-env: the variable holding its "
+        "key (default OPENAI_API_KEY / ANTHROPIC_API_KEY for those names, else NAME_API_KEY)",
+    )
+    p.add_argument(
+        "--no-llm-environment",
+        action="store_true",
+        help="do not make upstreams of OPENAI_BASE_URL / OPENAI_API_KEY / ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ale", description="ALE Robotics: run tasks, inspect bundles.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -404,20 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--site", help="a verifier's URL: fetch its submission key and a challenge before the run")
     run.add_argument("--token", help="API token for --site (default: $ALE_TOKEN)")
     run.add_argument("--runner-key", help="a registered runner's Ed25519 private key (PEM): sign the bundle")
-    run.add_argument(
-        "--llm-upstream",
-        action="append",
-        metavar="NAME=URL[,api=API][,key-env=VAR][,ca-file=PATH]",
-        help="an LLM API the agent may reach through the run's gateway (repeatable), e.g. "
-        "openai=https://api.openai.com/v1 (key from $OPENAI_API_KEY) or local=http://127.0.0.1:8080/v1,api=openai; "
-        "api: openai or anthropic (default: NAME when it is one of them); key-env: the variable holding its "
-        "key (default OPENAI_API_KEY / ANTHROPIC_API_KEY for those names, else NAME_API_KEY)",
-    )
-    run.add_argument(
-        "--no-llm-environment",
-        action="store_true",
-        help="do not make upstreams of OPENAI_BASE_URL / OPENAI_API_KEY / ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY",
-    )
+    add_llm_arguments(run)
     run.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
     run.add_argument(
         "--runtime",
@@ -465,8 +533,10 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.set_defaults(func=cmd_inspect)
 
     from ale.images.cli import register as register_images
+    from ale.runner.rerun import register as register_rerun
 
     register_images(sub)
+    register_rerun(sub, cmd_rerun, add_llm_arguments, functools.partial(judge_cli.add_judge_arguments, signing=True))
     judge_cli.add_parser(sub)
     return parser
 

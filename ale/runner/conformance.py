@@ -292,6 +292,17 @@ class RuntimeConformance:
         assert all(re.fullmatch(r"[0-9a-f]{64}", v) for v in hexes.values()), hexes
         assert runtime.attestation() == att  # stable within a process
 
+    def test_image_digests_are_the_images_the_attestation_names(self, runtime: Runtime) -> None:
+        """What the harness holds against a release's images is what the manifest records as run."""
+        digests = runtime.image_digests()
+        assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", d) for d in digests.values()), digests
+        images = runtime.attestation().get("images")
+        if not digests:
+            assert images is None
+            return
+        assert images is not None
+        assert {name: entry["digest"] for name, entry in images["images"].items()} == digests
+
     # --- the evaluator ------------------------------------------------------------------------
 
     async def test_open_evaluator_serves_both_endpoints(self, runtime: Runtime, box: Box) -> None:
@@ -728,7 +739,7 @@ class RuntimeConformance:
             f"s = socket.create_connection(('127.0.0.1', {GATEWAY_PORT}), timeout=10)\n"
             f"s.sendall({request!r})\n"
             "s.shutdown(socket.SHUT_WR)\n"
-            "r['reply'] = s.recv(100).decode()\n"
+            "r['reply'] = b''.join(iter(lambda: s.recv(100), b'')).decode()  # to the end: it may come in pieces\n"
             "print('REPORT ' + json.dumps(r), flush=True)\n"
         )
         lines = Lines()
@@ -764,7 +775,7 @@ class RuntimeConformance:
             f"    s = socket.create_connection(('127.0.0.1', {GATEWAY_PORT}), timeout=5)\n"
             "    s.sendall(b'ECHO after sigterm')\n"
             "    s.shutdown(socket.SHUT_WR)\n"
-            "    print('terminated', s.recv(100).decode(), flush=True)\n"
+            "    print('terminated', b''.join(iter(lambda: s.recv(100), b'')).decode(), flush=True)\n"
             "    sys.exit(0)\n"
             "signal.signal(signal.SIGTERM, bye)\n"
             "try:\n"

@@ -261,6 +261,20 @@ def _channel_event(line: bytes) -> tuple[str, dict[str, Any]] | str:
     return kind, data
 
 
+def _check_release_images(release: Any, runtime: Runtime) -> None:
+    """A release that names its images is run with those images or not at all (a runtime that runs
+    no image, the local one, runs the installed code: the manifest says so, and the verifier)."""
+    from ale.core.release import image_mismatches
+
+    ran = runtime.image_digests()
+    problems = image_mismatches(release.images, ran) if ran else []
+    if problems:
+        raise RunError(
+            f"the {runtime.name} runtime's images are not release {release.release}'s: {'; '.join(problems)} "
+            "(build and lock the images from the release's source: ale images build; ale images lock)"
+        )
+
+
 def _prepare_dirs(root: Path, task: catalog.Task, gateway: bool = False) -> tuple[Path, Path]:
     """(task files, workspace) for one task, and the folder of its evaluator's agent socket."""
     task_dir = root / "tasks" / task.spec.id
@@ -467,8 +481,10 @@ class Harness:
         }
 
     def _setup(self) -> Path:
-        """Blocking set-up, run in a worker thread: check the runtime, make the run folder."""
+        """Blocking set-up, run in a worker thread: check the runtime (and that it runs the release's
+        images, where the release names them), make the run folder."""
         self.runtime.check()
+        _check_release_images(self.options.release, self.runtime)
         root = Path(tempfile.mkdtemp(prefix="ale-run-", dir=self.options.workdir))
         try:
             _check_socket_paths(root, self.options.tasks, bool(self.options.upstreams))

@@ -209,6 +209,9 @@ def _write_text(doc: Mapping[str, Any], out: TextIO) -> None:
     out.write(f"run {doc['run_id']}  agent {doc['agent']['name']}  release {doc['release']['name']}\n")
     runtime = doc["runtime"]
     out.write(f"runtime {runtime['runtime']} (sandbox {runtime['sandbox']})\n")
+    if runtime.get("images"):  # the OCI runtimes: what ran, by digest
+        ran = ", ".join(f"{name} {entry['digest']}" for name, entry in sorted(runtime["images"]["images"].items()))
+        out.write(f"images: {ran} (engine {runtime['engine']['server']})\n")
     out.write(f"trajectory: {doc['trajectory']['events']} events, head {doc['trajectory']['chain_head'][:16]}..., ")
     out.write(", ".join(f"{k} {v}" for k, v in sorted(doc["trajectory"]["per_producer"].items())) + "\n")
     for t in doc["tasks"]:

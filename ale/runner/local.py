@@ -263,10 +263,16 @@ class LocalRuntime:
     def sandbox(self) -> str:
         return self.sandbox_kind
 
+    def image_digests(self) -> dict[str, str]:
+        """None: the local runtime runs the installed code, no image."""
+        return {}
+
     def attestation(self) -> dict[str, Any]:
         return {
             "runtime": "local",
             "sandbox": self.sandbox_kind,
+            "engine": None,  # no OCI engine,
+            "images": None,  # and no image: the installed code runs (code below)
             "isolation": self.isolation.describe(),
             "code": code_digest(),
         }

@@ -161,6 +161,11 @@ class Runtime(Protocol):
         """What ran, for the bundle manifest (digests and how they were computed). It may take a
         while (it hashes what it attests): the harness computes it while the run goes on."""
 
+    def image_digests(self) -> dict[str, str]:
+        """The images it runs, by name: each one's OCI manifest digest (``sha256:...``), as check()
+        read it; empty for a backend that runs no image (the local runtime). Cheap once check()
+        passed: the harness compares it with the release's images before anything runs."""
+
     def open_workspace(self, workspace: Path, limits: Limits) -> AbstractAsyncContextManager[None]:
         """Give a task's workspace folder its size- and inode-limited storage for as long as the
         context lasts (the task's sandboxes and the harness use it inside); its contents go after."""

@@ -2,7 +2,9 @@
 
 Each entry is ``"module:Class"``, imported only when asked for, so that listing the names costs
 nothing. A backend's ``name`` attribute is its registry name; the bundle manifest records it
-(``runtime.runtime``). Only ``local`` is registered; podman and docker follow with the images issue.
+(``runtime.runtime``). ``local`` runs the evaluator as a child process and the agent under
+bubblewrap; ``podman`` and ``docker`` run both as containers of the locked images
+(:mod:`ale.runner.oci`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ DEFAULT = "local"
 
 _REGISTRY: dict[str, str] = {
     "local": "ale.runner.local:LocalRuntime",
+    "podman": "ale.runner.oci:PodmanRuntime",
+    "docker": "ale.runner.oci:DockerRuntime",
 }
 
 

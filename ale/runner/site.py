@@ -60,6 +60,12 @@ class Site:
             raise SiteError("the site's challenge lacks a nonce or token")
         return body
 
+    def submission(self, submission_id: str) -> dict[str, Any]:
+        """A submission's public record (``GET /api/v1/submissions/{id}``)."""
+        if not submission_id.replace("_", "").replace("-", "").isalnum() or len(submission_id) > 64:
+            raise SiteError(f"{submission_id[:80]!r} is not a submission id")
+        return self._call("GET", f"/api/v1/submissions/{submission_id}", f"fetching submission {submission_id}")
+
     def submit(self, bundle: Path) -> dict[str, Any]:
         data = bundle.read_bytes()
         return self._call(

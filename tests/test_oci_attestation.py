@@ -1,0 +1,338 @@
+"""Attestation of the images (the images issue's point 4): the release names its images by digest,
+the runner refuses others, the bundle manifest records what ran, and the verifier checks it against
+the release and shows it on the submission page.
+
+The verifier's checks run on real ``ale run`` bundles (tests/verifier_helpers.py) whose manifest is
+made an OCI runtime's, as a forger would make it (every digest resealed); the runner's refusal on a
+real podman (slow)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import verifier_helpers as h
+from fuzzing import fuzz_settings, json_values
+from hypothesis import given
+from hypothesis import strategies as st
+from oci_images import prepare
+from sandbox_tools import missing
+
+from ale import catalog
+from ale.core.parse import ParseError
+from ale.core.reasons import Reason, VerificationError
+from ale.core.release import ReleaseManifest, image_mismatches, parse_release
+from ale.core.verify import check_files
+from ale.runner.harness import RunError, _check_release_images
+from ale.schemas import validate_document
+
+ROOT = Path(__file__).resolve().parents[1]
+EVALUATOR, AGENT = "sha256:" + "e1" * 32, "sha256:" + "a9" * 32
+LOCK = "4c" * 32
+
+
+def _release_bytes(images: Any = None, *, name: str = "2026.11") -> bytes:
+    data = json.loads(catalog.release_bytes())
+    data["release"] = name
+    if images is not None:
+        data["images"] = images
+    return json.dumps(data, indent=2).encode()
+
+
+def _release(images: dict[str, str] | None) -> tuple[ReleaseManifest, str]:
+    return parse_release(_release_bytes(images))
+
+
+# --- the release names its images ---------------------------------------------------------------------
+
+
+def test_the_shipped_release_pins_no_images_and_keeps_its_hash() -> None:
+    """2026.11 was cut before the images: its bytes (and the hash every bundle of it names) are as shipped."""
+    manifest, digest = parse_release(catalog.release_bytes("2026.11"))
+    assert manifest.images is None
+    assert digest == "8736eecd8338290c4be20e9f6d72880e34332f8b9449e556676eb984a063ecf2"  # docs/formats.md (f)
+
+
+def test_a_release_names_its_images_by_manifest_digest() -> None:
+    manifest, digest = _release({"evaluator": EVALUATOR, "agent-base": AGENT})
+    assert manifest.images == {"evaluator": EVALUATOR, "agent-base": AGENT}
+    assert digest == hashlib.sha256(_release_bytes({"evaluator": EVALUATOR, "agent-base": AGENT})).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("images", "needle"),
+    [
+        ({}, "at least one image"),
+        ({"evaluator": "sha256:" + "E1" * 32}, "64 lowercase hex"),
+        ({"evaluator": "e1" * 32}, "64 lowercase hex"),
+        ({"evaluator": "sha256:" + "e1" * 31}, "64 lowercase hex"),
+        ({"Evaluator": EVALUATOR}, "not an image name"),
+        ({"../evaluator": EVALUATOR}, "not an image name"),
+        ({"evaluator": 7}, "images"),
+        (["evaluator", EVALUATOR], "images"),
+        ("sha256:" + "e1" * 32, "images"),
+    ],
+)
+def test_bad_release_images_are_refused_with_the_member_named(images: Any, needle: str) -> None:
+    with pytest.raises(ParseError) as err:
+        parse_release(_release_bytes(images))
+    assert needle in str(err.value)
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(st.dictionaries(st.text(max_size=70), json_values, max_size=4) | json_values)
+def test_fuzz_release_images_parse_or_give_parse_error(images: Any) -> None:
+    data = json.loads(catalog.release_bytes())
+    data["images"] = images  # null included: the same as no member
+    try:
+        manifest, _ = parse_release(json.dumps(data).encode())
+    except ParseError:
+        return
+    if images is None:
+        assert manifest.images is None
+        return
+    assert isinstance(manifest.images, dict)
+    assert all(v.startswith("sha256:") and len(v) == 71 for v in manifest.images.values())
+
+
+def test_image_mismatches_name_each_difference() -> None:
+    pinned = {"evaluator": EVALUATOR, "agent-base": AGENT}
+    assert image_mismatches(None, {"evaluator": EVALUATOR}) == []
+    assert image_mismatches(pinned, dict(pinned)) == []
+    other = "sha256:" + "00" * 32
+    assert image_mismatches(pinned, {"evaluator": other, "agent-base": AGENT}) == [
+        f"the release pins evaluator {EVALUATOR}, but {other} ran"
+    ]
+    assert image_mismatches(pinned, {"evaluator": EVALUATOR}) == [
+        f"the release pins agent-base {AGENT}, which did not run"
+    ]
+    assert image_mismatches({"evaluator": EVALUATOR}, pinned) == [
+        f"agent-base {AGENT} ran, which the release does not pin"
+    ]
+
+
+# --- the runner refuses other images --------------------------------------------------------------------
+
+
+@attrs.define
+class _Runtime:
+    name: str
+    digests: dict[str, str]
+
+    def image_digests(self) -> dict[str, str]:
+        return self.digests
+
+
+def test_the_runner_refuses_a_runtime_whose_images_are_not_the_releases() -> None:
+    release, _ = _release({"evaluator": EVALUATOR, "agent-base": AGENT})
+    other = "sha256:" + "00" * 32
+    with pytest.raises(RunError) as err:
+        _check_release_images(release, _Runtime("podman", {"evaluator": other, "agent-base": AGENT}))  # type: ignore[arg-type]
+    message = str(err.value)
+    assert "release 2026.11" in message
+    assert f"the release pins evaluator {EVALUATOR}, but {other} ran" in message
+    assert "ale images build" in message
+    _check_release_images(release, _Runtime("podman", {"evaluator": EVALUATOR, "agent-base": AGENT}))  # type: ignore[arg-type]
+    _check_release_images(release, _Runtime("local", {}))  # type: ignore[arg-type]  # runs no image
+    unpinned, _ = _release(None)
+    _check_release_images(unpinned, _Runtime("podman", {"evaluator": other}))  # type: ignore[arg-type]
+
+
+# --- the verifier checks what ran against the release --------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> h.World:
+    return h.get_world(tmp_path_factory, request.config)
+
+
+def _as_oci(
+    files: dict[str, bytes], *, evaluator: str = EVALUATOR, agent: str = AGENT, **code: str
+) -> dict[str, bytes]:
+    """The run's manifest as the podman runtime writes it (every digest resealed)."""
+
+    def change(manifest: dict[str, Any]) -> None:
+        manifest["runtime"].update(
+            runtime="podman",
+            sandbox="podman",
+            engine={
+                "name": "podman",
+                "version": "4.3.1",
+                "server": "podman 4.3.1",
+                "oci_runtime": "runc version 1.1.5",
+            },
+            images={
+                "lock_sha256": LOCK,
+                "images": {
+                    "agent-base": {"digest": agent, "definition_sha256": "ad" * 32},
+                    "evaluator": {"digest": evaluator, "definition_sha256": "ed" * 32},
+                },
+            },
+            code={
+                "kind": "oci-images",
+                "note": "the images that ran",
+                "evaluator_image_sha256": code.get("evaluator_hex", evaluator[7:]),
+                "agent_image_sha256": code.get("agent_hex", agent[7:]),
+                "images_lock_sha256": code.get("lock", LOCK),
+            },
+        )
+
+    return h.edit(files, "manifest.json", change)
+
+
+def _check(files: dict[str, bytes], release: tuple[ReleaseManifest, str]) -> Any:
+    """The offline checks, with ``release`` standing for the release the bundle names."""
+    manifest_sha = json.loads(files["manifest.json"])["release"]["manifest_sha256"]
+    return check_files(
+        files,
+        release_for=lambda sha: (release[0], sha) if sha == manifest_sha else None,
+        known_tasks={t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()},
+        validate=validate_document,
+    )
+
+
+def _expect(reason: Reason, call: Callable[[], Any]) -> str:
+    with pytest.raises(VerificationError) as err:
+        call()
+    assert err.value.reason == reason, err.value
+    return str(err.value)
+
+
+def test_an_oci_manifest_is_schema_valid_and_parses(world: h.World) -> None:
+    files = _as_oci(world.files("plain"))
+    validate_document("manifest.json", json.loads(files["manifest.json"]))
+    report = _check(files, parse_release(catalog.release_bytes()))  # the shipped release pins none
+    assert report.docs.manifest.runtime.images.images["evaluator"].digest == EVALUATOR
+
+
+def test_the_verifier_accepts_the_releases_own_images_and_refuses_others(world: h.World) -> None:
+    files = _as_oci(world.files("plain"))
+    assert _check(files, _release({"evaluator": EVALUATOR, "agent-base": AGENT})) is not None
+    other = "sha256:" + "00" * 32
+    message = _expect(Reason.IMAGE_MISMATCH, lambda: _check(files, _release({"evaluator": other, "agent-base": AGENT})))
+    assert f"the release pins evaluator {other}, but {EVALUATOR} ran" in message
+    _expect(Reason.IMAGE_MISMATCH, lambda: _check(files, _release({"evaluator": EVALUATOR})))  # agent-base unpinned
+
+
+def test_the_manifest_contradicting_its_own_image_digests_is_refused(world: h.World) -> None:
+    plain = world.files("plain")
+    release = parse_release(catalog.release_bytes())
+    for wrong in ({"evaluator_hex": "00" * 32}, {"agent_hex": "00" * 32}, {"lock": "00" * 32}):
+        _expect(Reason.IMAGE_MISMATCH, lambda w=wrong: _check(_as_oci(plain, **w), release))  # type: ignore[misc]
+
+    def images_without_digests(manifest: dict[str, Any]) -> None:
+        manifest["runtime"]["images"] = None
+
+    bare = h.edit(_as_oci(plain), "manifest.json", images_without_digests)
+    _expect(Reason.IMAGE_MISMATCH, lambda: _check(bare, release))
+
+
+def test_a_local_runtimes_run_ran_no_image_and_is_compared_with_nothing(world: h.World) -> None:
+    plain = world.files("plain")
+    assert json.loads(plain["manifest.json"])["runtime"]["images"] is None
+    assert _check(h.seal(plain), _release({"evaluator": EVALUATOR, "agent-base": AGENT})) is not None
+
+
+def _uploaded(world: h.World, tmp: Path, files: dict[str, bytes], monkeypatch: pytest.MonkeyPatch, pins: Any) -> Any:
+    """Upload ``files`` (re-pointed at a test release pinning ``pins``) to an in-process verifier."""
+    raw = _release_bytes(pins)
+    release, sha = parse_release(raw)
+
+    def point(manifest: dict[str, Any]) -> None:
+        manifest["release"]["manifest_sha256"] = sha
+
+    import ale_verify.pipeline as pipeline
+
+    monkeypatch.setattr(pipeline, "installed_releases", lambda: {sha: release})
+    return h.run(_upload(world, tmp, h.edit(files, "manifest.json", point)))
+
+
+async def _upload(world: h.World, tmp: Path, files: dict[str, bytes]) -> tuple[h.Reply, h.Verifier]:
+    v = h.Verifier(world, tmp)
+    reply = await v.upload(h.encrypt_files(files, world.keys.recipient))
+    return reply, v
+
+
+def test_the_site_refuses_other_images_and_shows_the_digests_of_the_releases_own(
+    world: h.World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = _as_oci(world.files("plain"))
+    other = "sha256:" + "00" * 32
+    reply, _ = _uploaded(world, tmp_path / "a", files, monkeypatch, {"evaluator": other, "agent-base": AGENT})
+    assert reply.status == 422, reply.body
+    assert reply.json["reason"] == "image_mismatch"
+    reply, v = _uploaded(world, tmp_path / "b", files, monkeypatch, {"evaluator": EVALUATOR, "agent-base": AGENT})
+    assert reply.status == 201, reply.body
+    from ale_verify import db, export
+
+    row = db.get_submission(v.settings.database, reply.json["id"])
+    assert row is not None
+    assert row["summary"]["release_images"] == {"evaluator": EVALUATOR, "agent-base": AGENT}
+    site = tmp_path / "site"
+    export.export_site(v.settings.database, site, docs_dir=ROOT / "docs")
+    page = (site / "submissions" / f"{reply.json['id']}.html").read_text()
+    assert EVALUATOR in page
+    assert AGENT in page
+    assert "the release&#39;s own: each digest checked against the release" in page or (
+        "the release's own: each digest checked against the release" in page
+    )
+    assert "podman 4.3.1 → podman 4.3.1" in page
+
+
+# --- on a real podman: the runner refuses, and the manifest records what ran ----------------------------
+
+
+#: An agent that writes its policy and exits at once (bench/harness_bench.py's).
+INSTANT_AGENT = (
+    '/ale/python/bin/python3 -c "import os, numpy as np; from ale.policy import linear_policy; '
+    "open(os.environ['ALE_WORKSPACE'] + '/policy.safetensors', 'wb').write("
+    "linear_policy(np.array([[0, 0, 0, 0], [0, 0.5, 10, 2.0]]), output='discrete'))\""
+)
+
+
+def _ale_run(tmp_path: Path, release: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ale.runner.cli", "run", "cartpole-balance", "--plain", "--runtime", "podman",
+         "--release-file", str(release), "--episodes", "2", "--out", str(tmp_path / "out"),
+         "--agent-cmd", INSTANT_AGENT, *extra],
+        capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ), timeout=600,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_podman_run_is_refused_for_a_release_pinning_other_images_and_records_its_own(tmp_path: Path) -> None:
+    if (why := prepare("podman")) is not None:
+        missing(why)
+    from ale.images import attest
+
+    locked = {name: entry["digest"] for name, entry in attest.read_lock(Path(os.environ["ALE_IMAGES_LOCK"])).items()}
+    wrong = tmp_path / "wrong.json"
+    wrong.write_bytes(_release_bytes({**locked, "evaluator": "sha256:" + "00" * 32}))
+    refused = _ale_run(tmp_path, wrong)
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.count("\n") <= 2, refused.stderr
+    assert "the podman runtime's images are not release 2026.11's" in refused.stderr
+    assert not list((tmp_path / "out").glob("*.ale"))
+    right = tmp_path / "right.json"
+    right.write_bytes(_release_bytes(locked))
+    ran = _ale_run(tmp_path, right)
+    assert ran.returncode == 0, ran.stderr
+    bundle = Path(ran.stdout.strip().splitlines()[-1])
+    key = next((tmp_path / "out").glob("*.key"))
+    from ale.core import bundle as codec
+    from ale.runner.inspect import read_identity
+
+    manifest = json.loads(codec.unpack(bundle.read_bytes(), read_identity(key))["manifest.json"])
+    validate_document("manifest.json", manifest)
+    assert {n: e["digest"] for n, e in manifest["runtime"]["images"]["images"].items()} == locked
+    assert manifest["runtime"]["engine"]["name"] == "podman"
+    assert manifest["runtime"]["code"]["evaluator_image_sha256"] == locked["evaluator"][7:]
