@@ -507,6 +507,40 @@ async def test_podman_leaves_no_container_cgroup_or_folder_behind(podman_runtime
     assert _ours() == {"containers": [], "state": [], "cgroups": []}
 
 
+def _dead_pid() -> int:
+    pid = 4_000_000
+    while Path(f"/proc/{pid}").exists():
+        pid -= 1
+    return pid
+
+
+@pytest.mark.slow
+def test_what_a_killed_harness_left_is_removed_by_the_next_check(podman_runtime: PodmanRuntime) -> None:
+    """A harness killed mid-run leaves its containers running (they outlive the attached CLI) and its
+    state folders: the next runtime's check() removes those of a pid that is gone, and no other."""
+    dead, image = _dead_pid(), podman_runtime._ready().images["agent-base"].ref
+    left = f"ale-sandbox-{dead}-0123abcd"
+    mine = f"ale-sandbox-{os.getpid()}-0123abcd"
+    for name in (left, mine):
+        made = subprocess.run(
+            ["podman", "create", "--pull=never", f"--name={name}", image, "/ale/python/bin/python3", "-c", "pass"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr
+        (oci.STATE_DIR / name).mkdir()
+    try:
+        assert oci.sweep(oci.PODMAN) == [left]
+        listed = subprocess.run(["podman", "ps", "--all", "--format", "{{.Names}}"], capture_output=True, text=True)
+        assert left not in listed.stdout.split()
+        assert mine in listed.stdout.split()
+        assert not (oci.STATE_DIR / left).exists()
+        assert (oci.STATE_DIR / mine).exists()
+    finally:
+        subprocess.run(["podman", "rm", "--force", left, mine], capture_output=True)
+        shutil.rmtree(oci.STATE_DIR / left, ignore_errors=True)
+        shutil.rmtree(oci.STATE_DIR / mine, ignore_errors=True)
+
+
 @pytest.mark.slow
 async def test_podman_the_event_channels_file_is_the_channel_itself(podman_runtime: PodmanRuntime, box: Box) -> None:
     """The event channel's file is the agent's own channel: writing to it by path is writing events."""

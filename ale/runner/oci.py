@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import queue
+import re
 import secrets
 import shutil
 import signal
@@ -556,11 +557,11 @@ class _Reaper:
     run's path; :meth:`join` (``close()``, and the process's exit) waits until all of it is gone."""
 
     def __init__(self) -> None:
-        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._jobs: queue.Queue[Callable[[], object] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def submit(self, job: Callable[[], None]) -> None:
+    def submit(self, job: Callable[[], object]) -> None:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._work, name="ale-oci-reaper", daemon=True)
@@ -666,8 +667,9 @@ class OciRuntime:
             layout = oci_cgroups.layout()
         except OSError as exc:
             raise RuntimeUnavailable(f"{exc}: the containers' limits and out-of-memory kills need one") from None
-        oci_cgroups.sweep(layout)
         sandbox_fs.sweep()
+        self._reaper.submit(functools.partial(sweep, self.engine))  # and the rest off the run's path
+        oci_cgroups.sweep(layout)
         try:
             claim = uids.claim()
         except (uids.NoFreeUid, OSError) as exc:
@@ -989,6 +991,36 @@ async def _start(argv: list[str], engine: Engine, name: str, fifo: Path) -> _San
     assert process.stdout is not None
     assert process.stderr is not None
     return _Sandbox(process, engine, name, process.stdout, process.stderr, trio.lowlevel.FdStream(read_fd), keep_open)
+
+
+LEFT_BEHIND = re.compile(r"ale-(?:sandbox|evaluator)-([0-9]+)-[0-9a-f]+")
+
+
+def sweep(engine: Engine) -> list[str]:
+    """Remove what a harness that died (SIGKILL, a crash) left: its containers, which outlive the
+    CLI that ran them attached, and its state folders, all named with its pid (``ale-sandbox-PID-*``,
+    ``ale-evaluator-PID-*``); the names of what was removed."""
+    from ale.runner.sandbox_fs import pid_alive
+
+    listed = subprocess.run(
+        [engine.binary, "ps", "--all", "--format", "{{.Names}}"], capture_output=True, text=True, timeout=120
+    )
+    names = set(listed.stdout.split()) if listed.returncode == 0 else set()
+    with contextlib.suppress(OSError):
+        names |= {p.name for p in STATE_DIR.iterdir()}
+    swept = []
+    for name in sorted(names):
+        match = LEFT_BEHIND.fullmatch(name)
+        if match is None or pid_alive(int(match.group(1))):
+            continue
+        _remove(engine, name, [])
+        folder = STATE_DIR / name
+        if (folder / "tmp").is_mount():
+            with contextlib.suppress(OSError):
+                sandbox_fs.unmount(folder / "tmp")
+        shutil.rmtree(folder, ignore_errors=True)
+        swept.append(name)
+    return swept
 
 
 def _remove_sandbox(box: _Sandbox, cgroup: oci_cgroups.SandboxCgroup) -> None:
