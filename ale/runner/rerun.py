@@ -37,7 +37,7 @@ def summary_of(record: Any) -> dict[str, Any]:
     """An accepted submission's summary, from the site's public record of it."""
     if not isinstance(record, dict) or record.get("status") != "accepted":
         status = record.get("status") if isinstance(record, dict) else None
-        raise RerunError(f"the submission is {str(status)[:40]}, not accepted")
+        raise RerunError(f"the submission is {str(status)[:40]!r}, not accepted")
     return dict(_member(record, "summary", dict, "summary"))
 
 
@@ -64,9 +64,9 @@ def tasks_of(summary: dict[str, Any]) -> list[str]:
         try:
             task = catalog.get_task(task_id)
         except catalog.UnknownTaskError:
-            raise RerunError(f"the submission ran {ref}, which this installation does not have") from None
+            raise RerunError(f"the submission ran {ref[:80]!r}, which this installation does not have") from None
         if task.spec.version != version:
-            raise RerunError(f"the submission ran {ref}; this installation has {task.spec.ref}")
+            raise RerunError(f"the submission ran {ref[:80]!r}; this installation has {task.spec.ref}")
         ids.append(task_id)
     if not ids:
         raise RerunError("the submission ran no task")
@@ -87,7 +87,9 @@ def release_of(summary: dict[str, Any]) -> tuple[Any, str, str]:
         raise RerunError(f"release {name!r} is not installed here") from None
     manifest, digest = parse_release(raw)
     if digest != sha:
-        raise RerunError(f"the installed release {name} is not the one the submission was scored against ({sha})")
+        raise RerunError(
+            f"the installed release {name} is not the one the submission was scored against ({sha[:80]!r})"
+        )
     return manifest, digest, manifest.release
 
 
