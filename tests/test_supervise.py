@@ -209,3 +209,14 @@ async def test_until_ready_returns_on_ready_on_exit_or_at_the_deadline() -> None
         assert await supervise.until_ready(exiting, trio.Event(), 600.0) is False
     assert exiting.returncode == 0
     await exiting.aclose()
+
+
+def test_the_ready_sink_sets_only_at_a_ready_line_and_ignores_garbage() -> None:
+    ready = trio.Event()
+    sink = supervise.ready_sink(ready, "a child's stdout")
+    for line in (b"not json", b"[" * 100_000, b'{"event": "ready"' + b" " * (supervise.MAX_LINE + 1) + b"}",
+                 b'["ready"]', b'{"event": "starting"}', b"\xff\xfe"):  # fmt: skip
+        sink("stdout", line)
+        assert not ready.is_set(), line[:40]
+    sink("stdout", b'{"event": "ready", "agent": "unix:/a.sock"}')
+    assert ready.is_set()

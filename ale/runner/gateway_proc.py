@@ -29,7 +29,6 @@ import attrs
 import trio
 import trio.lowlevel
 
-from ale.core.parse import ParseError, parse_json
 from ale.runner import supervise
 from ale.runner._groups import collapse
 
@@ -337,13 +336,7 @@ async def _supervised(gateway: Gateway) -> AsyncIterator[trio.Event]:
     assert process.stderr is not None
     ready = trio.Event()
 
-    def on_stdout(_s: str, line: bytes) -> None:
-        try:
-            msg = parse_json(line, what="the gateway's stdout", max_bytes=supervise.MAX_LINE)
-        except ParseError:
-            return
-        if isinstance(msg, dict) and msg.get("event") == "ready":
-            ready.set()
+    on_stdout = supervise.ready_sink(ready, "the gateway's stdout")
 
     def on_stderr(_s: str, line: bytes) -> None:
         gateway.stderr_lines.append(gateway.redact(line.decode(errors="replace")))
@@ -352,7 +345,11 @@ async def _supervised(gateway: Gateway) -> AsyncIterator[trio.Event]:
         with collapse():
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(supervise.pump, process.stderr, supervise.LineSplitter("stderr", on_stderr))
-                nursery.start_soon(supervise.pump, process.stdout, supervise.LineSplitter("stdout", on_stdout))
+                nursery.start_soon(
+                    supervise.pump,
+                    process.stdout,
+                    supervise.LineSplitter("stdout", on_stdout),
+                )
                 try:
                     yield ready
                 finally:

@@ -25,7 +25,6 @@ import trio
 import trio.lowlevel
 
 from ale.core import attestation
-from ale.core.parse import ParseError, parse_json
 from ale.runner import agent_env, isolation, sandbox, seccomp, supervise
 from ale.runner._groups import collapse
 from ale.runner.isolation import SandboxResources
@@ -320,13 +319,7 @@ class LocalRuntime:
         handle = LocalEvaluator(standby.process, f"unix:{spec.harness_socket}", spec.agent_socket, spec.events_path)
         ready = trio.Event()
 
-        def on_stdout(_s: str, line: bytes) -> None:
-            try:
-                msg = parse_json(line, what="the evaluator's stdout", max_bytes=supervise.MAX_LINE)
-            except ParseError:
-                return
-            if isinstance(msg, dict) and msg.get("event") == "ready":
-                ready.set()
+        on_stdout = supervise.ready_sink(ready, "the evaluator's stdout")
 
         def on_stderr(_s: str, line: bytes) -> None:
             handle.stderr_lines.append(line.decode(errors="replace"))
@@ -335,7 +328,11 @@ class LocalRuntime:
             with collapse():
                 async with stdout, stderr, trio.open_nursery() as nursery:
                     nursery.start_soon(supervise.pump, stderr, supervise.LineSplitter("stderr", on_stderr))
-                    nursery.start_soon(supervise.pump, stdout, supervise.LineSplitter("stdout", on_stdout))
+                    nursery.start_soon(
+                        supervise.pump,
+                        stdout,
+                        supervise.LineSplitter("stdout", on_stdout),
+                    )
                     if not await supervise.until_ready(process, ready, READY_TIMEOUT_S):
                         await supervise.stop(process)
                         await trio.sleep(0.1)

@@ -1096,13 +1096,7 @@ async def _evaluator_running(
     container = handle.standby
     ready = trio.Event()
 
-    def on_stdout(_s: str, line: bytes) -> None:
-        try:
-            msg = parse_json(line, what="the evaluator's stdout", max_bytes=supervise.MAX_LINE)
-        except ParseError:
-            return
-        if isinstance(msg, dict) and msg.get("event") == "ready":
-            ready.set()
+    on_stdout = supervise.ready_sink(ready, "the evaluator's stdout")
 
     def on_stderr(_s: str, line: bytes) -> None:
         handle.stderr_lines.append(line.decode(errors="replace"))
@@ -1111,7 +1105,11 @@ async def _evaluator_running(
         with collapse():
             async with stdout, stderr, trio.open_nursery() as nursery:
                 nursery.start_soon(supervise.pump, stderr, supervise.LineSplitter("stderr", on_stderr))
-                nursery.start_soon(supervise.pump, stdout, supervise.LineSplitter("stdout", on_stdout))
+                nursery.start_soon(
+                    supervise.pump,
+                    stdout,
+                    supervise.LineSplitter("stdout", on_stdout),
+                )
                 if not await supervise.until_ready(container, ready, READY_TIMEOUT_S):
                     await supervise.stop(container)
                     await trio.sleep(0.1)

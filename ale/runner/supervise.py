@@ -23,6 +23,7 @@ from typing import Protocol
 import attrs
 import trio
 
+from ale.core.parse import ParseError, parse_json
 from ale.runner._groups import collapse
 from ale.runner.runtime import LineSink, SandboxResult, SandboxSpec
 
@@ -138,6 +139,21 @@ class LineSplitter:
             self._line(bytes(self.buf))
         self.dropped += len(self.buf) if self.skipping else 0
         self.buf.clear()
+
+
+def ready_sink(ready: trio.Event, what: str) -> LineSink:
+    """A stdout sink that sets ``ready`` at a child's ``{"event": "ready", ...}`` line (the
+    evaluator's and the gateway's handshake); other lines, readable or not, are ignored."""
+
+    def sink(_stream: str, line: bytes) -> None:
+        try:
+            msg = parse_json(line, what=what, max_bytes=MAX_LINE)
+        except ParseError:
+            return
+        if isinstance(msg, dict) and msg.get("event") == "ready":
+            ready.set()
+
+    return sink
 
 
 async def pump(stream: trio.abc.ReceiveStream, splitter: LineSplitter) -> None:
