@@ -8,7 +8,10 @@ run and interleaved over several rounds:
    in its ``Monitor`` and ``DummyVecEnv`` itself;
 2. ``ale.client.RemoteEnv``, 1 copy, wrapped by SB3 the same way (one Step RPC per env-step);
 3. in-process, 8 copies: SB3's ``DummyVecEnv`` of 8 ``make_env`` copies;
-4. ``ale.client.sb3.RemoteSB3VecEnv``, 8 copies (one Step RPC per vector step).
+4. ``ale.client.sb3.RemoteSB3VecEnv``, 8 copies (one Step RPC per vector step);
+5. a hand-written minimal ``VecEnv`` over ``RemoteVectorEnv``, 8 copies (:class:`MinimalVecEnv`, the
+   kind of ~35-line adapter issue 12 measured at 1.20x): the baseline that the shipped adapter, which
+   checks its inputs and keeps SB3's conventions, is compared with on this machine in the same run.
 
 The evaluator is ``python -m ale_evaluator serve`` in a separate process on Unix sockets (as in
 bench/evaluator_bench.py). Reported per way: PPO env-steps per second of ``model.learn`` (model
@@ -43,8 +46,55 @@ WAYS = (
     ("remote_env_1", 1, True, "RemoteEnv (1 RPC per env-step)"),
     ("in_process_8", VEC_COPIES, False, "in-process DummyVecEnv"),
     ("adapter_8", VEC_COPIES, True, "RemoteSB3VecEnv (1 RPC per step)"),
+    ("minimal_8", VEC_COPIES, True, "hand-written minimal VecEnv"),
 )
-PAIRS = (("remote_env_1", "in_process_1"), ("adapter_8", "in_process_8"))
+PAIRS = (("remote_env_1", "in_process_1"), ("adapter_8", "in_process_8"), ("minimal_8", "in_process_8"))
+
+
+def minimal_vec_env(target: str, num_envs: int, task_id: str) -> Any:
+    """The shortest SB3 ``VecEnv`` over ``RemoteVectorEnv`` that PPO trains with: no input checks,
+    no ``get_attr`` beyond what PPO asks. A baseline for the bench, not for use."""
+    import numpy as np
+    from stable_baselines3.common.vec_env.base_vec_env import VecEnv
+
+    from ale.client import RemoteVectorEnv
+
+    class MinimalVecEnv(VecEnv):
+        def __init__(self) -> None:
+            self.remote = RemoteVectorEnv(target, num_envs, task_id=task_id)
+            super().__init__(num_envs, self.remote.single_observation_space, self.remote.single_action_space)
+
+        def reset(self) -> Any:
+            return self.remote.reset(seed=self._seeds[0])[0]
+
+        def step_async(self, actions: Any) -> None:
+            self._actions = actions
+
+        def step_wait(self) -> Any:
+            obs, rew, term, trunc, extra = self.remote.step(self._actions)
+            dones = term | trunc
+            infos: list[dict[str, Any]] = [{} for _ in range(num_envs)]
+            for i in np.flatnonzero(dones):
+                infos[i]["terminal_observation"] = extra["final_obs"][i]
+                infos[i]["TimeLimit.truncated"] = bool(trunc[i] and not term[i])
+            return obs, rew.astype(np.float32), dones, infos
+
+        def close(self) -> None:
+            self.remote.close()
+
+        def get_attr(self, name: str, indices: Any = None) -> list[Any]:
+            return [None] * num_envs
+
+        def set_attr(self, name: str, value: Any, indices: Any = None) -> None:
+            pass
+
+        def env_method(self, name: str, *args: Any, indices: Any = None, **kw: Any) -> list[Any]:
+            return [None] * num_envs
+
+        def env_is_wrapped(self, wrapper_class: Any, indices: Any = None) -> list[bool]:
+            return [False] * num_envs
+
+    return MinimalVecEnv()
 
 
 def make_env_for(key: str, task_id: str, target: str) -> Any:
@@ -62,6 +112,8 @@ def make_env_for(key: str, task_id: str, target: str) -> Any:
         return RemoteEnv(target, task_id=task_id)
     if key == "in_process_8":
         return DummyVecEnv([lambda: make_env(task) for _ in range(VEC_COPIES)])
+    if key == "minimal_8":
+        return minimal_vec_env(target, VEC_COPIES, task_id)
     return RemoteSB3VecEnv(target, VEC_COPIES, task_id=task_id)
 
 
@@ -174,9 +226,14 @@ def render(report: dict[str, Any]) -> str:
             f"{(fmt(r['slowdown'], 2) + 'x') if r else '':>10}{fmt(r['collect_ratio'], 2) if r else '':>14}"
         )
     adapter, single = ways["adapter_8"]["steps_per_s"], ways["in_process_1"]["steps_per_s"]
+    vs_minimal = statistics.median(
+        a["steps_per_s"] / b["steps_per_s"]
+        for a, b in zip(ways["adapter_8"]["rounds"], ways["minimal_8"]["rounds"], strict=True)
+    )
     lines += [
         "",
-        f"  8 copies through the adapter train at {adapter / single:.2f}x the steps/s of 1 in-process copy.",
+        f"  8 copies through the adapter train at {adapter / single:.2f}x the steps/s of 1 in-process copy,",
+        f"  and at {vs_minimal:.2f}x the steps/s of the hand-written minimal VecEnv (1.0: the checks cost nothing).",
         "  ratio: median of the per-round ratios (both ways of a round run back to back); slowdown = 1 / ratio;",
         "  collect only: the same ratio of the rollout collection time alone (the updates do not cross the boundary).",
     ]
