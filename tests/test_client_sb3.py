@@ -626,3 +626,47 @@ def test_the_adapter_is_in_the_agents_environment_and_works_once_the_agent_bring
     assert brought_run["sb3"].startswith("/workspace/site/")
     assert brought_run["torch"].startswith("/workspace/site/")
     assert brought_run["client"].startswith(f"{agent_env.MOUNT_POINT}/")
+
+
+def test_ale_run_with_agent_package_stable_baselines3_trains_ppo_in_the_sandbox(sb3, tmp_path: Path) -> None:
+    """The harness option is the way to bring SB3: ``ale run --agent-package stable-baselines3``
+    puts it and PyTorch (from the harness's installation, with what they require) into the agent's
+    environment; an agent trains PPO through the adapter with nothing of its own on PYTHONPATH."""
+    import shlex
+    import tempfile
+
+    import verifier_helpers
+    from sandbox_tools import need_bwrap
+
+    from ale.core import bundle
+    from ale.runner import agent_env
+
+    need_bwrap()
+    keys = verifier_helpers.keygen(tmp_path / "site")
+    run_tmp = Path(tempfile.mkdtemp(prefix="ale-sb3-"))  # short: the run folder's socket paths
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ALE_", "OPENAI_", "ANTHROPIC_"))}
+        cmd = [
+            sys.executable, "-m", "ale.runner.cli", "run", "cartpole-balance", "--plain", "--out", "out",
+            "--episodes", "1", "--agent-time", "300", "--agent-package", "stable-baselines3",
+            "--agent-cmd", f"python3 -c {shlex.quote(SANDBOX_TRAIN)}", "--recipient", keys.recipient,
+        ]  # fmt: skip
+        proc = subprocess.run(
+            cmd, cwd=tmp_path, env={**env, "TMPDIR": str(run_tmp)}, capture_output=True, text=True, timeout=900
+        )
+    finally:
+        shutil.rmtree(run_tmp, ignore_errors=True)
+    assert proc.returncode in (0, 1), proc.stderr  # the agent leaves no policy: the task is not completed
+    (path,) = (tmp_path / "out").glob("*.ale")
+    files = bundle.unpack(path.read_bytes(), keys.identity)
+    events = verifier_helpers.read_events(files)
+    (started,) = [e for e in events if e["kind"] == "run_started"]
+    assert started["data"]["agent"]["packages"] == ["stable-baselines3"]
+    texts = [e["data"]["text"] for e in events if e["producer"] == "untrusted_agent" and e["kind"] == "stdout"]
+    reports = [json.loads(t[7:]) for t in texts if t.startswith("REPORT ")]
+    assert reports, [e for e in events if e["producer"] == "untrusted_agent"][-10:]
+    (report,) = reports
+    assert report.get("timesteps") == 512, report
+    assert report["episodes"] > 0
+    for module in ("sb3", "torch", "client"):
+        assert report[module].startswith(f"{agent_env.MOUNT_POINT}/"), report
