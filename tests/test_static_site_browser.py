@@ -13,9 +13,6 @@ reason when one is missing, unless ``ALE_SITE_TOOLS_REQUIRED=1`` (CI), which mak
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,20 +20,14 @@ from typing import Any
 
 import pytest
 import site_fixtures as sf
+from browser_tools import ARTIFACTS, need_browser, quit_driver
+from browser_tools import driver as browser_driver
 
 from ale_verify import export
 
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("ALE_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("ALE_CHROMEDRIVER", "/usr/bin/chromedriver")
-ARTIFACTS = Path(os.environ.get("ALE_TEST_ARTIFACTS", ROOT / "test-artifacts"))
-CHROME_FLAGS = (
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--disable-extensions", "--hide-scrollbars", "--force-device-scale-factor=1",
-)  # fmt: skip
 
 #: WCAG 2.x contrast of every visible text element against its effective background.
 CONTRAST_JS = """
@@ -62,24 +53,9 @@ return bad;
 """
 
 
-def _missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ModuleNotFoundError:
-        return "selenium is not installed (pip install selenium)"
-    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            return f"{path} is missing (apt-get install {package})"
-    return None
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    reason = _missing()
-    if reason is not None:
-        if sf.tools_required():
-            pytest.fail(f"browser tests are required (ALE_SITE_TOOLS_REQUIRED=1): {reason}")
-        pytest.skip(reason)
+    need_browser()
     base = tmp_path_factory.mktemp("browser")
     ids = sf.fill_mix(base / "db.sqlite3")
     site = base / "site"
@@ -89,38 +65,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     assert server.outside == [], f"requests outside the sub-path: {server.outside}"
 
 
-def _driver(javascript: bool = True) -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROME_FLAGS:
-        options.add_argument(flag)
-    profile = tempfile.mkdtemp(prefix="ale-chromium-")
-    options.add_argument(f"--user-data-dir={profile}")
-    options.add_argument("--window-size=1366,900")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    if not javascript:
-        options.add_experimental_option("prefs", {"profile.managed_default_content_settings.javascript": 2})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    driver._ale_profile = profile  # removed in _quit
-    return driver
-
-
-def _quit(driver: Any) -> None:
-    driver.quit()
-    shutil.rmtree(driver._ale_profile, ignore_errors=True)
-
-
 @pytest.fixture(scope="module")
 def browser(served: dict[str, Any]) -> Iterator[Any]:
-    driver = _driver()
+    driver = browser_driver()
     try:
         yield driver
     finally:
-        _quit(driver)
+        quit_driver(driver)
 
 
 def _console_errors(driver: Any) -> list[str]:
@@ -191,7 +142,7 @@ def test_tabs_and_submission_links_navigate(browser: Any, served: dict[str, Any]
 
 def test_chart_variants_switch_without_javascript(served: dict[str, Any]) -> None:
     base = served["server"].base
-    driver = _driver(javascript=False)
+    driver = browser_driver(javascript=False)
     try:
         _load(driver, base + "index.html")
         assert driver.find_element("id", "top-both").is_displayed()
@@ -208,7 +159,7 @@ def test_chart_variants_switch_without_javascript(served: dict[str, Any]) -> Non
         assert driver.current_url == base + "reproduction.html"
         assert _console_errors(driver) == []
     finally:
-        _quit(driver)
+        quit_driver(driver)
 
 
 def test_every_link_on_the_board_resolves(browser: Any, served: dict[str, Any]) -> None:

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-import site_fixtures as sf
 import view_fixtures as vf
+from browser_tools import ARTIFACTS, need_browser, quit_driver
+from browser_tools import driver as browser_driver
 
 from ale.core.trajectory import iter_events
 from ale.runner import view, view_model
@@ -35,27 +33,7 @@ from ale.runner.inspect import report_json
 
 pytestmark = pytest.mark.browser
 
-ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = os.environ.get("ALE_CHROMIUM", "/usr/bin/chromium")
-CHROMEDRIVER = os.environ.get("ALE_CHROMEDRIVER", "/usr/bin/chromedriver")
-ARTIFACTS = Path(os.environ.get("ALE_TEST_ARTIFACTS", ROOT / "test-artifacts"))
-CHROME_FLAGS = (
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--disable-extensions", "--hide-scrollbars", "--force-device-scale-factor=1",
-)  # fmt: skip
 PAGE = 100  # rows a page of the page's lists holds (view.js)
-
-
-def _missing() -> str | None:
-    try:
-        import selenium  # noqa: F401
-    except ModuleNotFoundError:
-        return "selenium is not installed (pip install selenium)"
-    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
-        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
-            return f"{path} is missing (apt-get install {package})"
-    return None
 
 
 @attrs.frozen
@@ -78,11 +56,7 @@ class Pages:
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> Pages:
-    reason = _missing()
-    if reason is not None:
-        if sf.tools_required():
-            pytest.fail(f"browser tests are required (ALE_SITE_TOOLS_REQUIRED=1): {reason}")
-        pytest.skip(reason)
+    need_browser()
     folder = tmp_path_factory.mktemp("view-browser")
     run = vf.real_run(folder / "run", "--model", vf.HOSTILE_MODEL)
     grower = vf.Grower(run.files())
@@ -106,32 +80,13 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> Pages:
     )
 
 
-def _driver() -> Any:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROME_FLAGS:
-        options.add_argument(flag)
-    profile = tempfile.mkdtemp(prefix="ale-chromium-")
-    options.add_argument(f"--user-data-dir={profile}")
-    options.add_argument("--window-size=1366,900")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL", "performance": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(60)
-    driver._ale_profile = profile
-    return driver
-
-
 @pytest.fixture(scope="module")
 def browser(pages: Pages) -> Iterator[Any]:
-    driver = _driver()
+    driver = browser_driver(performance_log=True, page_load_timeout=60)
     try:
         yield driver
     finally:
-        driver.quit()
-        shutil.rmtree(driver._ale_profile, ignore_errors=True)
+        quit_driver(driver)
 
 
 def _console_errors(driver: Any) -> list[str]:
