@@ -122,7 +122,10 @@ def _wall_times(events: list[dict]) -> dict[str, float]:
     return out
 
 
-def bench_overhead(runs: int, episodes: int) -> dict:
+def bench_overhead(runs: int, episodes: int, *, runtime: str = "local", env: dict[str, str] | None = None) -> dict:
+    """``ale run cartpole-balance --runtime RUNTIME`` with the instant agent, ``runs`` times: wall
+    time, the agent's and the official evaluation's spans, and the harness's overhead (the rest),
+    split into where it goes. bench/runtime_bench.py runs the same for each runtime."""
     samples = []
     from ale.runner.agent_env import PYTHON as python  # the sandbox's own interpreter
 
@@ -131,12 +134,12 @@ def bench_overhead(runs: int, episodes: int) -> dict:
             started, started_wall = time.perf_counter(), time.time()
             proc = subprocess.run(
                 [sys.executable, "-m", "ale.runner.cli", "run", "cartpole-balance", "--plain", "--out", out,
-                 "--episodes", str(episodes), "--agent-cmd", f"{python} -c \"{AGENT}\""],
-                capture_output=True, text=True, cwd=out,
+                 "--runtime", runtime, "--episodes", str(episodes), "--agent-cmd", f"{python} -c \"{AGENT}\""],
+                capture_output=True, text=True, cwd=out, env=env,
             )  # fmt: skip
             wall, ended_wall = time.perf_counter() - started, time.time()
             if proc.returncode != 0:
-                raise SystemExit(f"ale run failed:\n{proc.stderr}")
+                raise SystemExit(f"ale run --runtime {runtime} failed:\n{proc.stderr}")
             bundle = Path(proc.stdout.strip().splitlines()[-1])
             events = _events(bundle, next(Path(out).glob("*.key")))
             agent = _span(events, "agent_started", "agent_finished")

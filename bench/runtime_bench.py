@@ -38,7 +38,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness_bench import AGENT, _events, _span, _wall_times  # noqa: E402
+from harness_bench import bench_overhead  # noqa: E402
 
 IMAGES = ("agent-base", "evaluator")
 
@@ -109,35 +109,9 @@ async def _starts(name: str, n: int) -> dict[str, Any]:
 
 
 def bench_run(name: str, runs: int, episodes: int, env: dict[str, str]) -> dict[str, Any]:
-    """``ale run cartpole-balance --runtime NAME`` with the instant agent, ``runs`` times."""
-    from ale.runner.agent_env import PYTHON
-
-    samples = []
-    for _ in range(runs):
-        with tempfile.TemporaryDirectory() as out:
-            started, started_wall = time.perf_counter(), time.time()
-            proc = subprocess.run(
-                [sys.executable, "-m", "ale.runner.cli", "run", "cartpole-balance", "--plain", "--out", out,
-                 "--runtime", name, "--episodes", str(episodes), "--agent-cmd", f'{PYTHON} -c "{AGENT}"'],
-                capture_output=True, text=True, cwd=out, env=env,
-            )  # fmt: skip
-            wall, ended_wall = time.perf_counter() - started, time.time()
-            if proc.returncode != 0:
-                raise SystemExit(f"ale run --runtime {name} failed:\n{proc.stderr}")
-            bundle = Path(proc.stdout.strip().splitlines()[-1])
-            events = _events(bundle, next(Path(out).glob("*.key")))
-            agent = _span(events, "agent_started", "agent_finished")
-            official = _span(events, "official_evaluation_started", "official_evaluation_finished")
-            at = _wall_times(events)
-            samples.append(
-                {"wall_s": wall, "agent_s": agent, "official_s": official, "overhead_s": wall - agent - official,
-                 "startup_s": at["run_started"] - started_wall,
-                 "evaluator_start_s": at["evaluator_started"] - at["task_started"],
-                 "task_end_s": at["task_finished"] - at["official_evaluation_finished"],
-                 "bundle_and_exit_s": ended_wall - at["run_finished"]}
-            )  # fmt: skip
-    med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
-    return {"runs": runs, "episodes": episodes, "median": med, "samples": samples}
+    """``ale run cartpole-balance --runtime NAME`` with the instant agent, ``runs`` times (as
+    bench/harness_bench.py measures the local runtime's overhead)."""
+    return bench_overhead(runs, episodes, runtime=name, env=env)
 
 
 def _docker_reachable() -> str | None:
