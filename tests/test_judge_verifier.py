@@ -70,6 +70,7 @@ async def _submit(v: h.Verifier, files: dict[str, bytes]) -> h.Reply:
 def _upload(world: h.World, tmp: Path, files: dict[str, bytes], **settings: Any) -> tuple[h.Reply, dict[str, Any]]:
     """Upload; with a judge of the verifier's own, run its jobs (as its worker does, off the upload's
     path), then read the stored submission."""
+
     async def go() -> tuple[h.Reply, dict[str, Any]]:
         v = h.Verifier(world, tmp, **settings)
         reply = await _submit(v, files)
