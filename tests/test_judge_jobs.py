@@ -12,6 +12,7 @@ runs on SQLite and on PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import threading
 import time
@@ -22,9 +23,12 @@ from typing import Any
 import httpx
 import pytest
 import verifier_helpers as h
+from fuzzing import fuzz_settings, hostile_json, json_values
+from hypothesis import given
+from hypothesis import strategies as st
 from judge_helpers import Judge, Runs, faithful_answer, get_runs, serve_judge
 
-from ale_verify import db, export, judge_worker
+from ale_verify import db, export, judge_worker, judging
 
 PENDULUM = "pendulum-lqr@1.0.0"
 
@@ -382,3 +386,40 @@ def test_judge_job_settings_are_read_from_the_environment_and_bad_ones_refused()
                       ("ALE_VERIFY_JUDGE_POLL_S", "0"), ("ALE_VERIFY_JUDGE_POLL_S", "1e9")]:  # fmt: skip
         with pytest.raises(ValueError, match=name):
             Settings.from_env({name: bad})
+
+
+# -- fuzz ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(hostile_json, st.sampled_from(["0" * 64, hashlib.sha256(b"x").hexdigest()]))
+def test_fuzz_load_input_raises_only_value_errors(raw: bytes, digest: str) -> None:
+    """A stored judge input read back (the database's text, whatever it became): a JudgeInput whose
+    text has the job's digest, or ValueError."""
+    try:
+        ji = judging.load_input(raw.decode("utf-8", "surrogateescape"), digest)
+    except ValueError:
+        return
+    assert hashlib.sha256(ji.text).hexdigest() == digest
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(st.dictionaries(st.sampled_from(["status", "faithful", "source", "judge_model", "judge_key_id", "claimed",
+                                        "rationale", "outcome"]), json_values))  # fmt: skip
+def test_fuzz_task_judgement_of_any_stored_judgement_is_one_of_the_states(judgement: dict[str, Any]) -> None:
+    """Whatever an old or sparse summary holds, the API and the exports give a documented state,
+    and only a judged one names who judged it (fail-closed: anything unknown is unjudged)."""
+    out = judging.task_judgement(judgement)
+    assert set(out) == {"state", "judged_by", "judge_key_id", "judge_model", "reason"}
+    assert out["state"] in judging.STATES
+    if out["state"] == "judged_faithful":
+        assert judgement.get("status") == "judged"
+        assert judgement.get("faithful") is True
+    if out["state"] not in ("judged_faithful", "judged_unfaithful"):
+        assert (out["judged_by"], out["judge_key_id"], out["judge_model"]) == (None, None, None)
+        assert isinstance(out["reason"], str)
+    else:
+        assert out["judged_by"] in ("judge_key", "verifier")
+        assert out["reason"] is None

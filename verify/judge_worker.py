@@ -65,7 +65,7 @@ def _ask(settings: Settings, job: dict[str, Any]) -> JudgeResult:
         return _misconfigured(settings, digest, f"it knows no rubric for {job['task']}")
     try:
         judge_input = judging.load_input(str(job["judge_input"] or ""), digest)
-    except (ValueError, KeyError, TypeError) as exc:
+    except ValueError as exc:
         return failed("error", f"the job's judge input cannot be used: {exc}", model=settings.judge_model,
                       input_sha256=digest)  # fmt: skip
     try:
@@ -88,11 +88,19 @@ def _ask_leased(settings: Settings, job: dict[str, Any], worker: str) -> JudgeRe
                 result = future.result(timeout=every)
                 break
             except concurrent.futures.TimeoutError:
-                until = time.time() + settings.judge_lease_s
-                kept = kept and db.renew_judge_job(
-                    settings.database, job["submission_id"], job["task"], worker=worker, until=until
-                )
+                kept = kept and _renew(settings, job, worker)
     return result if kept else None
+
+
+def _renew(settings: Settings, job: dict[str, Any], worker: str) -> bool:
+    """Extend the lease; a database that cannot say so counts as lost (the answer is discarded,
+    the job is asked again once the lease has run out: never credited without its claim)."""
+    until = time.time() + settings.judge_lease_s
+    try:
+        return db.renew_judge_job(settings.database, job["submission_id"], job["task"], worker=worker, until=until)
+    except db.Unavailable as exc:
+        log.warning("judge job %s %s: cannot renew its lease: %s", job["submission_id"], job["task"], exc)
+        return False
 
 
 def _retry_at(settings: Settings, attempts: int) -> float:

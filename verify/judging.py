@@ -22,6 +22,7 @@ Everything here but :func:`judge_keys` (which reads the database) is pure.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import threading
 import time
@@ -131,16 +132,23 @@ def stored_input(ji: JudgeInput) -> str:
     return json.dumps(fields, ensure_ascii=False)
 
 
-def load_input(stored: str, expected_sha256: str) -> JudgeInput:
-    """A stored judge input, held to the digest its job names (ValueError otherwise)."""
-    import hashlib
+_STORED_INTS = ("window_events", "entries", "omitted", "level")
 
-    value = parse_json(stored.encode("utf-8"), what="a stored judge input", max_bytes=MAX_STORED_INPUT)
-    text = value["text"].encode("utf-8")
+
+def load_input(stored: str, expected_sha256: str) -> JudgeInput:
+    """A stored judge input, held to the digest its job names; ValueError (only) otherwise."""
+    value = parse_json(stored.encode("utf-8", "surrogatepass"), what="a stored judge input",
+                       max_bytes=MAX_STORED_INPUT)  # fmt: skip
+    if not isinstance(value, dict) or set(value) != {"task", "text", "sha256", *_STORED_INTS}:
+        raise ValueError("a stored judge input is an object of exactly its fields")
+    if not all(type(value[k]) is str for k in ("task", "text", "sha256")):
+        raise ValueError("a stored judge input's task, text and sha256 are strings")
+    if not all(type(value[k]) is int and value[k] >= 0 for k in _STORED_INTS):
+        raise ValueError("a stored judge input's counts are whole numbers")
+    text = value["text"].encode("utf-8", "surrogatepass")
     if hashlib.sha256(text).hexdigest() != expected_sha256 or value["sha256"] != expected_sha256:
         raise ValueError("the stored judge input is not the one its job names")
-    return JudgeInput(value["task"], text, expected_sha256, value["window_events"], value["entries"],
-                      value["omitted"], value["level"])  # fmt: skip
+    return JudgeInput(value["task"], text, expected_sha256, *(int(value[k]) for k in _STORED_INTS))
 
 
 # -- the summary's score members and notes ------------------------------------------------------
@@ -267,7 +275,7 @@ def key_id_of(judgement: Mapping[str, Any]) -> str | None:
     """The registered judge key a judged verdict is credited to (a summary from before the key id
     was stored names it in the claimed entry's signature)."""
     if judgement.get("status") != "judged" or judgement.get("source") == "verifier":
-        return None
+        return None  # not judged, or judged by the verifier's own judge
     if isinstance(judgement.get("judge_key_id"), str):
         return str(judgement["judge_key_id"])
     signature = (judgement.get("claimed") or {}).get("signature")
@@ -278,8 +286,8 @@ def task_judgement(judgement: Mapping[str, Any]) -> dict[str, Any]:
     """A task's judgement as the API and the exports give it (docs/leaderboard-export.md)."""
     state = state_of(judgement)
     judged = state in ("judged_faithful", "judged_unfaithful")
-    kid = key_id_of(judgement) if judged else None
-    by = None if not judged else ("judge_key" if kid is not None else "verifier")
+    by = None if not judged else ("verifier" if judgement.get("source") == "verifier" else "judge_key")
+    kid = key_id_of(judgement) if by == "judge_key" else None
     return {
         "state": state,
         "judged_by": by,
