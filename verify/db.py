@@ -1150,7 +1150,8 @@ def finish_judge_job(
     re-score its submission with ``apply`` (``change``: what the judge gave for the task); the
     stored judge input is dropped. A job that is no longer the worker's is a :class:`Conflict`."""
     now = time.time()
-    with transaction(where, lock=["judge_jobs", "submissions"]) as s:
+    # submissions first, as an upload's transaction writes them (then its jobs): one lock order, no deadlock
+    with transaction(where, lock=["submissions", "judge_jobs"]) as s:
         cur = s.execute(
             "UPDATE judge_jobs SET state = ?, outcome = ?, last_error = ?, judge_input = NULL, finished_at = ?, "
             f"lease_until = NULL WHERE {_MINE}",
