@@ -94,6 +94,20 @@ def test_the_judge_was_asked_about_exactly_the_input_the_bundle_rebuilds(runs: R
     assert len(runs.judge_requests) == 2  # one each: an unparsable answer is final, not retried
 
 
+def test_the_demo_agents_judge_input_holds_its_derivation_code_not_only_the_policy(runs: Runs) -> None:
+    """What the judge was asked about, in a real run of the bundled demo agent: the source of the
+    modules that derived the policy (from the workspace's snapshot), whole, beside the policy."""
+    from ale.agents import _lqr, _pendulum, _reacher
+
+    asked = {re.search(r"^Task: (\S+?): ", user_text(r), flags=re.M).group(1): user_text(r)  # type: ignore[union-attr]
+             for r in runs.judge_requests}  # fmt: skip
+    for ref, modules in ((PENDULUM, (_pendulum, _lqr)), (REACHER, (_reacher,))):
+        for module in modules:
+            assert f"derivation/{Path(module.__file__).name}" in asked[ref]
+            source = Path(module.__file__).read_text()
+            assert source.strip() in asked[ref], f"{module.__name__}'s source is not in {ref}'s judge input whole"
+
+
 def test_the_judges_exchange_is_in_the_trajectory_through_its_gateway(runs: Runs) -> None:
     events = _events(runs.judged)
     judge_events = [e for e in events if e["producer"] == "trusted_network_proxy"]

@@ -358,3 +358,35 @@ def test_a_key_that_is_no_header_value_is_an_error_not_a_crash() -> None:
     assert (exchange.result.outcome, exchange.requests) == ("error", 1)
     assert "not a valid header value" in exchange.result.rationale
     assert "sk-bad" not in exchange.result.rationale
+
+
+def test_unreadable_judge_gateway_line_is_an_unreadable_gateway_event_not_a_refused_event(tmp_path: Path) -> None:
+    """A line of the judge gateway's log that cannot be read is recorded as the agent gateway's
+    unreadable lines are (``unreadable_gateway_event``, here with ``"gateway": "judge"``), not as a
+    ``refused_event`` (which says the grammar refused an event, and nothing was refused)."""
+    from ale.judge.phase import _relay
+    from ale.runner.recorder import LineQueue, Recorder
+    from ale.schemas import validator
+
+    session = JudgeGateway(tmp_path, "run", "http://127.0.0.1:9/v1", None, budgets(10, 2))
+    session.events_path.write_bytes(
+        b'{"kind":"gateway_started","wall_time":1,"monotonic":2,"seq":1}\nnot json\n[1]\n{"kind":7}\n'
+    )
+    queue = LineQueue()
+    rec = Recorder(tmp_path / "unused", queue)
+    rec.emit("trusted_harness", "run_started", {"nonce": None, "run_id": "r", "tasks": [CONTEXT.ref]})
+    _relay(session, rec, CONTEXT.ref)
+    events = [json.loads(line) for line in queue.pending]
+    kinds = [e["kind"] for e in events]
+    assert kinds == ["run_started", "gateway_started", *["unreadable_gateway_event"] * 3]
+    assert "refused_event" not in kinds
+    unreadable = [e["data"] for e in events if e["kind"] == "unreadable_gateway_event"]
+    assert [set(d) for d in unreadable] == [{"task", "gateway", "reason"}] * 3
+    assert {d["gateway"] for d in unreadable} == {"judge"}
+    assert {d["task"] for d in unreadable} == {CONTEXT.ref}
+    assert "not valid JSON" in unreadable[0]["reason"]
+    assert [d["reason"] for d in unreadable[1:]] == ["not a JSON object", "no kind"]
+    schema = validator("trajectory_event")
+    for event in events[2:]:  # the unreadable lines' events (the others are stand-ins, not complete data)
+        schema.validate(event)
+    session.close()

@@ -8,6 +8,7 @@ recomputed as a forger would."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -21,7 +22,7 @@ from ale import catalog
 from ale.core.canonical import canonical_json
 from ale.core.parse import parse_json
 from ale.core.results import parse_task_results, score_breakdown_document, score_run
-from ale_verify import export
+from ale_verify import db, export, judge_worker
 
 PENDULUM, REACHER = "pendulum-lqr@1.0.0", "reacher-jacobian@1.0.0"
 RELEASE, _ = catalog.release()
@@ -67,9 +68,14 @@ async def _submit(v: h.Verifier, files: dict[str, bytes]) -> h.Reply:
 
 
 def _upload(world: h.World, tmp: Path, files: dict[str, bytes], **settings: Any) -> tuple[h.Reply, dict[str, Any]]:
+    """Upload; with a judge of the verifier's own, run its jobs (as its worker does, off the upload's
+    path), then read the stored submission."""
+
     async def go() -> tuple[h.Reply, dict[str, Any]]:
         v = h.Verifier(world, tmp, **settings)
         reply = await _submit(v, files)
+        if reply.status == 201 and v.settings.judge_model:
+            await asyncio.to_thread(judge_worker.drain, v.settings)
         stored = await v.submission(reply.json["id"]) if reply.status == 201 else {}
         return reply, stored
 
@@ -133,7 +139,7 @@ def test_a_forged_digest_or_findings_are_inconsistent_results(world: h.World, ru
 
 
 def _judge_settings(base: str) -> dict[str, Any]:
-    return {"judge_model": "site-judge", "judge_base_url": base}
+    return {"judge_model": "site-judge", "judge_base_url": base, "judge_attempts": 2, "judge_retry_s": 0.0}
 
 
 def test_the_verifier_rejudges_the_rebuilt_input_and_credits_its_own_faithful_verdict(
@@ -144,7 +150,8 @@ def test_the_verifier_rejudges_the_rebuilt_input_and_credits_its_own_faithful_ve
         reply, stored = _upload(world, tmp_path, runs.plain, **_judge_settings(judge.base))
         (request,) = judge.requests
     assert reply.status == 201, reply.body
-    assert reply.json["reasons"] == []
+    assert [n["reason"] for n in reply.json["reasons"]] == ["judging_pending"]  # the upload did not wait
+    assert stored["reasons"] == []  # judged since, off the upload's path
     assert digest_of(request) == entry["input_sha256"]  # the very input the runner's bundle names
     assert request["model"] == "site-judge"
     task = _task(stored, PENDULUM)
@@ -160,12 +167,12 @@ def test_the_verifiers_unfaithful_verdict_zeroes_the_task(world: h.World, runs: 
         return 200, chat_body(json.dumps(verdict))
 
     with serve_judge(unfaithful) as judge:
-        reply, stored = _upload(world, tmp_path, runs.plain, **_judge_settings(judge.base))
+        _reply, stored = _upload(world, tmp_path, runs.plain, **_judge_settings(judge.base))
     task = _task(stored, PENDULUM)
     assert (task["faithful"], task["final"], task["judgement"]["status"]) == (False, 0, "judged")
     unmet = [f["item"] for f in task["judgement"]["findings"] if not f["satisfied"]]
     assert unmet == ["no-copied-gains"]
-    assert reply.json["reasons"] == []  # judged, so no unjudged note
+    assert stored["reasons"] == []  # judged, so no unjudged note
 
 
 @pytest.mark.parametrize(
@@ -181,11 +188,13 @@ def test_a_verifier_judge_that_gives_no_verdict_leaves_the_task_unjudged(
     world: h.World, runs: Runs, tmp_path: Path, answer: Any
 ) -> None:
     with serve_judge(answer) as judge:
-        reply, stored = _upload(world, tmp_path, runs.plain, **_judge_settings(judge.base))
+        _reply, stored = _upload(world, tmp_path, runs.plain, **_judge_settings(judge.base))
     task = _task(stored, PENDULUM)
     assert (task["faithful"], task["final"], task["judgement"]["status"]) == (False, 0, "unjudged")
     assert "the verifier's judge gave no verdict" in task["judgement"]["rationale"]
-    assert [n["reason"] for n in reply.json["reasons"]] == ["unjudged"]
+    assert [n["reason"] for n in stored["reasons"]] == ["unjudged"]
+    (job,) = db.judge_jobs(world.databases.new(tmp_path))  # the same folder's database
+    assert (job["state"], bool(job["has_input"])) == ("failed", False)  # the input is dropped once done
 
 
 # -- registered judge keys ------------------------------------------------------------------------

@@ -580,9 +580,14 @@ def test_exports_match_their_documentation(mix: dict[str, Any]) -> None:
     data = json.loads(_read(mix["site"], "leaderboard.json"))
     json_section = doc.split("## leaderboard.json", 1)[1].split("\n## ", 1)[0]
     json_documented = set(re.findall(r"^\| `([a-z_0-9]+)` \|", json_section, re.M))
-    assert set(data) == json_documented - {"task_finals"}
+    assert set(data) == json_documented - {"task_finals", "task_judgements"}
     for row in data["submissions"]:
-        assert set(row) == set(export.CSV_COLUMNS) | {"task_finals"}
+        assert set(row) == set(export.CSV_COLUMNS) | {"task_finals", "task_judgements"}
+    judgement_section = doc.split("## A task's judgement", 1)[1].split("\n## ", 1)[0]
+    members = set(re.findall(r"^\| `([a-z_0-9]+)` \|", judgement_section, re.M))
+    for row in data["submissions"]:
+        for judgement in row["task_judgements"].values():
+            assert set(judgement) == members
     rows = list(csv.DictReader(io.StringIO(_read(mix["site"], "leaderboard.csv"), newline="")))
     assert [r["submission_id"] for r in rows] == [r["submission_id"] for r in data["submissions"]]
     assert len(rows) == len(mix["ids"]["accepted"])

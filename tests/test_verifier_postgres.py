@@ -126,14 +126,15 @@ def test_both_engines_schemas_agree(tmp_path: Path, pg_cluster: Cluster) -> None
     a, b = _sqlite_schema(sqlite), _postgres_schema(postgres)
     triggers_a, triggers_b = a.pop("triggers"), b.pop("triggers")
     assert a == b
-    assert sorted(a) == ["api_tokens", "audit_log", "challenges", "levels", "rate_events", "reason_codes",
-                         "runner_keys", "schema_migrations", "submissions", "users"]  # fmt: skip
+    assert sorted(a) == ["api_tokens", "audit_log", "challenges", "judge_credits", "judge_jobs", "judge_keys",
+                         "levels", "rate_events", "reason_codes", "runner_keys", "schema_migrations",
+                         "scoring_inputs", "submissions", "users"]  # fmt: skip
     assert sorted([*triggers_a, ("audit_log_no_truncate", "BEFORE", "TRUNCATE", "audit_log")]) == triggers_b
     assert ("audit_log_no_update", "BEFORE", "UPDATE", "audit_log") in triggers_a
     assert ("audit_log_no_delete", "BEFORE", "DELETE", "audit_log") in triggers_a
     with h.raw_connect(sqlite) as x, h.raw_connect(postgres) as y:
         query = "SELECT version FROM schema_migrations ORDER BY version"
-        assert [r[0] for r in x.execute(query)] == [r[0] for r in y.execute(query)] == [1, 2]
+        assert [r[0] for r in x.execute(query)] == [r[0] for r in y.execute(query)] == [1, 2, 3]
         query = "SELECT code, uses FROM reason_codes ORDER BY code"
         assert x.execute(query).fetchall() == [tuple(r) for r in y.execute(query).fetchall()]
 
@@ -142,6 +143,8 @@ def test_both_engines_schemas_agree(tmp_path: Path, pg_cluster: Cluster) -> None
 
 _SUB = "INSERT INTO submissions VALUES (?, 'u', 1.0, 'x', ?, ?, ?, ?, NULL, '{}')"
 _AUDIT = "INSERT INTO audit_log (submission_id, at, actor, action, from_level, to_level, reason) VALUES "
+_JOB = ("INSERT INTO judge_jobs (submission_id, task, state, input_sha256, attempts, not_before, queued_at) "
+        "VALUES (?, ?, ?, 'd', 0, 0, 0)")  # fmt: skip
 REFUSED = {
     "unknown-status": (_SUB, ["s9", "pending", None, None, "[]"]),
     "unknown-level-check": (_SUB, ["s9", "accepted", "gold", None, "[]"]),
@@ -158,6 +161,28 @@ REFUSED = {
     "unknown-runner-kind": ("INSERT INTO runner_keys VALUES ('k2', 'p2', 'friend', 'l', 0, 'op', NULL)", []),
     "duplicate-public-key": ("INSERT INTO runner_keys VALUES ('k2', 'p1', 'benchmark_team', 'l', 0, 'op', NULL)", []),
     "duplicate-submission": (_SUB, ["s1", "accepted", "validated", None, "[]"]),
+    # migration 3
+    "unknown-judge-key-source": (
+        "INSERT INTO judge_keys VALUES ('j2', 'q2', 'l', 'friend', 0, 'op', NULL, NULL, NULL)",
+        [],
+    ),
+    "duplicate-judge-public-key": (
+        "INSERT INTO judge_keys VALUES ('j2', 'q1', 'l', 'api', 0, 'op', NULL, NULL, NULL)",
+        [],
+    ),
+    "duplicate-judge-key-id": ("INSERT INTO judge_keys VALUES ('j1', 'q2', 'l', 'api', 0, 'op', NULL, NULL, NULL)", []),
+    "unknown-job-state": (_JOB, ["s1", "t2", "stuck"]),
+    "job-of-no-submission": (_JOB, ["s9", "t2", "pending"]),
+    "duplicate-job": (_JOB, ["s1", "t1", "pending"]),
+    "scoring-of-no-submission": ("INSERT INTO scoring_inputs VALUES ('s9', 'r', '{}')", []),
+    "duplicate-scoring": ("INSERT INTO scoring_inputs VALUES ('s1', 'r', '{}')", []),
+    "credit-of-no-submission": ("INSERT INTO judge_credits VALUES ('s9', 't', 'j1')", []),
+    "duplicate-credit": ("INSERT INTO judge_credits VALUES ('s1', 't1', 'j2')", []),
+    "job-without-attempts": (
+        "INSERT INTO judge_jobs (submission_id, task, state, input_sha256, not_before, queued_at) "
+        "VALUES ('s1', 't3', 'pending', 'd', 0, 0)",
+        [],
+    ),
 }
 
 
@@ -171,6 +196,10 @@ def test_each_engine_refuses_the_same_rows(db_engine: Databases, tmp_path: Path,
         s.execute(_AUDIT + "('s1', 0, 'verifier', 'accepted', NULL, 'validated', 'ok')")
         s.execute("INSERT INTO challenges VALUES ('c1', 'u', 'n1', 0, 1, NULL, NULL)")
         s.execute("INSERT INTO runner_keys VALUES ('k1', 'p1', 'benchmark_team', 'l', 0, 'op', NULL)")
+        s.execute("INSERT INTO judge_keys VALUES ('j1', 'q1', 'l', 'api', 0, 'op', NULL, NULL, NULL)")
+        s.execute(_JOB, ["s1", "t1", "pending"])
+        s.execute("INSERT INTO scoring_inputs VALUES ('s1', 'r', '{}')")
+        s.execute("INSERT INTO judge_credits VALUES ('s1', 't1', 'j1')")
     dump = h.dump(database)
     sql, params = REFUSED[case]
     with db.connect(database) as s, pytest.raises(db.Refused):

@@ -1,16 +1,17 @@
-"""The operator API: level changes (audit, revoke) and the trusted runner keys."""
+"""The operator API: level changes (audit, revoke), the trusted runner keys and judge keys."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from quart import Blueprint
 
 from ale.core import signing
-from ale_verify import db
+from ale_verify import db, judging
 from ale_verify._routes_public import public_submission
 from ale_verify._web import ApiError, operator, run_db, state
-from ale_verify.bodies import LevelChange, RunnerKey, json_body
+from ale_verify.bodies import JudgeKeyBody, LevelChange, Revocation, RunnerKey, json_body
 
 bp = Blueprint("operator", __name__, url_prefix="/api/v1/operator")
 #: Where each change may start: audit reviews an accepted, unreviewed submission; revoke ends any.
@@ -84,3 +85,71 @@ async def retire_key(user: str, key_id: str) -> Any:
     except KeyError:
         raise ApiError(404, "not_found", "no such active runner key") from None
     return {"key_id": key_id, "retired": True}
+
+
+# -- judge keys (docs/verifier.md, "Faithfulness") ----------------------------------------------
+
+#: What the API says of a judge key (the database's row, or a configuration key not recorded there).
+JUDGE_KEY_FIELDS = ("key_id", "public_key", "label", "source", "registered_at", "registered_by", "revoked_at",
+                    "revoked_by", "revoke_reason")  # fmt: skip
+
+
+def _judge_key(row: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: row.get(k) for k in JUDGE_KEY_FIELDS}, "active": row.get("revoked_at") is None}
+
+
+def _judge_key_rows() -> list[dict[str, Any]]:
+    """The database's judge keys, then the configuration's that it has no row for."""
+    settings = state().settings
+    rows = db.judge_keys(settings.database)
+    known = {r["key_id"] for r in rows}
+    configured = [
+        {"key_id": k.key_id, "public_key": k.public_key, "label": k.label, "source": "configuration"}
+        for k in judging.config_keys(settings).values()
+        if k.key_id not in known
+    ]
+    return [_judge_key(r) for r in rows + sorted(configured, key=lambda r: r["key_id"])]
+
+
+@bp.get("/judge-keys")
+@operator
+async def list_judge_keys(user: str) -> Any:
+    return {"keys": await run_db(_judge_key_rows)}
+
+
+@bp.post("/judge-keys")
+@operator
+async def add_judge_key(user: str) -> Any:
+    body = await json_body(JudgeKeyBody)
+    settings = state().settings
+    key_id = signing.key_id(body.raw)
+    if key_id in judging.config_keys(settings):
+        raise ApiError(409, "conflict", "this judge key is registered in the configuration (ALE_VERIFY_JUDGE_KEYS)")
+    public = base64.b64encode(body.raw).decode()  # the spelling verdicts carry
+    try:
+        row = await run_db(db.register_judge_key, settings.database, key_id=key_id, public_key=public,
+                           label=body.label, actor=user)  # fmt: skip
+    except db.Conflict as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    return _judge_key(row), 201
+
+
+@bp.post("/judge-keys/<key_id>/revoke")
+@operator
+async def revoke_judge_key(user: str, key_id: str) -> Any:
+    body = await json_body(Revocation)
+    settings = state().settings
+    found = judging.config_keys(settings).get(key_id)
+    configured = None if found is None else {"public_key": found.public_key, "label": found.label}
+    try:
+        row, rescored = await run_db(db.revoke_judge_key, settings.database, key_id, actor=user, reason=body.reason,
+                                     configured=configured, rescore=judging.after_revocation)  # fmt: skip
+    except KeyError:
+        raise ApiError(404, "not_found", "no such judge key") from None
+    except db.Conflict as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    except judging.RescoreError as exc:
+        raise ApiError(
+            409, "conflict", f"the key stays active: a submission it credited cannot be re-scored: {exc}"
+        ) from None
+    return {"key": _judge_key(row), "rescored": rescored}

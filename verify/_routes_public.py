@@ -7,7 +7,7 @@ from typing import Any
 from quart import Blueprint, request
 
 from ale import catalog
-from ale_verify import __version__, db, openapi, ranking
+from ale_verify import __version__, db, judging, openapi, ranking
 from ale_verify._web import ApiError, run_db, state
 
 bp = Blueprint("public", __name__)
@@ -24,6 +24,7 @@ def public_submission(row: dict[str, Any]) -> dict[str, Any]:
         "received_at": row["received_at"],
         "run_id": row["run_id"],
         "summary": row["summary"],
+        "judgements": judging.task_judgements(row["summary"]) if row["status"] == "accepted" else {},
         "history": [
             {k: h[k] for k in ("at", "actor", "action", "from_level", "to_level", "reason")}
             for h in row.get("history", [])

@@ -18,6 +18,7 @@ from quart import Response, current_app, jsonify, request, session
 from ale_verify import db
 from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
+from ale_verify.judge_worker import JudgeWorker
 from ale_verify.pipeline import ELEVATION_FIELDS
 
 T = TypeVar("T")
@@ -38,6 +39,7 @@ class AppState:
     signing_key: bytes
     recipient: str  # the site's age public key
     workers: ChainWorkers | None
+    judge_worker: JudgeWorker | None = None  # with a judge configured (ale_verify.judge_worker)
 
     def __repr__(self) -> str:  # never print the signing key, even by accident
         return f"AppState({self.settings!r}, recipient={self.recipient})"

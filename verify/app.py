@@ -15,7 +15,7 @@ import pyrage
 from quart import Quart, Response
 from werkzeug.exceptions import HTTPException
 
-from ale_verify import db
+from ale_verify import db, judging
 from ale_verify._routes_auth import bp as auth_bp
 from ale_verify._routes_operator import bp as operator_bp
 from ale_verify._routes_public import bp as public_bp
@@ -24,6 +24,7 @@ from ale_verify._routes_submissions import bp as submissions_bp
 from ale_verify._web import STATE_KEY, ApiError, AppState, check_path_ids, error_response, state
 from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
+from ale_verify.judge_worker import JudgeWorker
 from ale_verify.pipeline import site_identity
 
 __all__ = ["ApiError", "create_app", "leaderboard_rows", "public_submission"]
@@ -45,6 +46,7 @@ def create_app(settings: Settings) -> Quart:
         signing_key=signing_key,
         recipient=str(pyrage.x25519.Identity.from_str(site_identity(settings)).to_public()),
         workers=ChainWorkers(settings.check_processes) if settings.check_processes > 0 else None,
+        judge_worker=JudgeWorker(settings) if judging.configured(settings) else None,
     )
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
@@ -60,13 +62,17 @@ def create_app(settings: Settings) -> Quart:
 
 
 async def _start_workers() -> None:
-    workers = state().workers
-    if workers is not None:
-        await asyncio.to_thread(workers.warm)
+    s = state()
+    if s.workers is not None:
+        await asyncio.to_thread(s.workers.warm)
+    if s.judge_worker is not None:
+        s.judge_worker.start()
 
 
 async def _stop_workers() -> None:
     s = state()
+    if s.judge_worker is not None:
+        await asyncio.to_thread(s.judge_worker.stop)
     if s.workers is not None:
         await asyncio.to_thread(s.workers.close)
     await asyncio.to_thread(db.close, s.settings.database)

@@ -82,6 +82,25 @@ class RunnerKey:
         return base64.b64decode(self.public_key, validate=True)
 
 
+@attrs.frozen
+class JudgeKeyBody:
+    """``POST /api/v1/operator/judge-keys``: a judging party's public key (its signed verdicts are credited)."""
+
+    public_key: str = attrs.field(validator=[_text, _ed25519_public])
+    label: str = attrs.field(validator=_text)
+
+    @property
+    def raw(self) -> bytes:
+        return base64.b64decode(self.public_key, validate=True)
+
+
+@attrs.frozen
+class Revocation:
+    """``POST /api/v1/operator/judge-keys/{key_id}/revoke``: why the operator revokes the key."""
+
+    reason: str = attrs.field(validator=_text)
+
+
 def check_media_type(*accepted: str) -> None:
     """415 unless the declared ``Content-Type`` is one of ``accepted`` (none declared is taken as
     the endpoint's own type; a ``charset`` parameter, if any, must be UTF-8)."""

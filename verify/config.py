@@ -34,6 +34,26 @@ def _non_negative(value: int, name: str) -> int:
     return value
 
 
+def _at_least(value: int, low: int, name: str) -> int:
+    if value < low:
+        raise ValueError(f"{name} must be {low} or more, got {value}")
+    return value
+
+
+def _seconds(env: dict[str, str], name: str, default: float, *, low: float) -> float:
+    """A number of seconds, from ``low`` to a day (finite)."""
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not low <= value <= 86400:  # NaN fails this too
+        raise ValueError(f"{name} must be from {low:g} to 86400 seconds, got {raw!r}")
+    return value
+
+
 def _database(env: dict[str, str], data: Path) -> db.Location:
     """``DATABASE_URL`` (SQLite or PostgreSQL), else ``ALE_VERIFY_DATABASE`` (a SQLite file), else
     ``$ALE_VERIFY_DATA/verifier.sqlite3``; both set is a mistake, said at once."""
@@ -97,6 +117,12 @@ class Settings:
     judge_timeout_s: float = 300.0
     #: registered judge keys: (label, base64 of the raw Ed25519 public key); their signed verdicts are credited
     judge_keys: tuple[tuple[str, str], ...] = ()
+    #: the judge jobs (verify/judge_worker.py): attempts in all, the first retry's delay (doubling),
+    #: a claim's lease (renewed while the judge is asked) and how often an idle worker looks for jobs
+    judge_attempts: int = 5
+    judge_retry_s: float = 60.0
+    judge_lease_s: float = 60.0
+    judge_poll_s: float = 5.0
 
     def __repr__(self) -> str:  # never print secrets, even by accident
         return f"Settings(database={self.database}, key_file=<path>, keep_bundles={self.keep_bundles})"
@@ -140,4 +166,8 @@ class Settings:
             judge_api_key_file=Path(key_file) if (key_file := g("ALE_VERIFY_JUDGE_API_KEY_FILE")) else None,
             judge_timeout_s=float(n("ALE_VERIFY_JUDGE_TIMEOUT_S", 300)),
             judge_keys=_judge_keys(g("ALE_VERIFY_JUDGE_KEYS", "")),
+            judge_attempts=_at_least(n("ALE_VERIFY_JUDGE_ATTEMPTS", 5), 1, "ALE_VERIFY_JUDGE_ATTEMPTS"),
+            judge_retry_s=_seconds(env, "ALE_VERIFY_JUDGE_RETRY_S", 60.0, low=0.0),
+            judge_lease_s=_seconds(env, "ALE_VERIFY_JUDGE_LEASE_S", 60.0, low=1.0),
+            judge_poll_s=_seconds(env, "ALE_VERIFY_JUDGE_POLL_S", 5.0, low=0.05),
         )

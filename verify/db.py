@@ -20,7 +20,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -125,6 +125,53 @@ _TABLES_1 = (
     """
 )
 
+# Migration 3's tables (docs/verifier.md, "Faithfulness"): the judge keys registered through the
+# operator API, the verifier's judge jobs (durable: a restart resumes them; claimed with a lease),
+# what re-scoring a submission needs (its task results and release), and which registered key's
+# verdict each credited task rests on (so that a revocation finds them).
+_TABLES_3 = """
+    CREATE TABLE judge_keys (
+        key_id TEXT PRIMARY KEY,
+        public_key TEXT NOT NULL UNIQUE,
+        label TEXT NOT NULL,
+        source TEXT NOT NULL CHECK (source IN ('api', 'configuration')),
+        registered_at {real} NOT NULL,
+        registered_by TEXT NOT NULL,
+        revoked_at {real},
+        revoked_by TEXT,
+        revoke_reason TEXT
+    );
+    CREATE TABLE judge_jobs (
+        submission_id TEXT NOT NULL REFERENCES submissions(id),
+        task TEXT NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('pending', 'running', 'done', 'failed')),
+        input_sha256 TEXT NOT NULL,
+        judge_input TEXT,
+        attempts INTEGER NOT NULL,
+        not_before {real} NOT NULL,
+        claimed_by TEXT,
+        lease_until {real},
+        outcome TEXT,
+        last_error TEXT,
+        queued_at {real} NOT NULL,
+        finished_at {real},
+        PRIMARY KEY (submission_id, task)
+    );
+    CREATE INDEX judge_jobs_due ON judge_jobs(state, not_before);
+    CREATE TABLE scoring_inputs (
+        submission_id TEXT PRIMARY KEY REFERENCES submissions(id),
+        release_sha256 TEXT NOT NULL,
+        results TEXT NOT NULL
+    );
+    CREATE TABLE judge_credits (
+        submission_id TEXT NOT NULL REFERENCES submissions(id),
+        task TEXT NOT NULL,
+        key_id TEXT NOT NULL,
+        PRIMARY KEY (submission_id, task)
+    );
+    CREATE INDEX judge_credits_by_key ON judge_credits(key_id);
+"""
+
 MIGRATIONS: list[Migration] = [
     # 1: the initial schema; the audit log refuses UPDATE and DELETE (PostgreSQL: and TRUNCATE,
     # which SQLite does not have)
@@ -216,6 +263,8 @@ MIGRATIONS: list[Migration] = [
         FOR EACH ROW EXECUTE FUNCTION audit_log_known_levels();
     """,
     ),
+    # 3: judge keys, judge jobs, scoring inputs and judge credits (the same on both engines but for REAL)
+    Migration(sqlite=_TABLES_3.format(real="REAL"), postgresql=_TABLES_3.format(real="DOUBLE PRECISION")),
 ]
 
 
@@ -618,6 +667,16 @@ def _load_vocabulary(s: Session) -> None:
         s.execute("INSERT INTO levels (name) VALUES (?) ON CONFLICT (name) DO NOTHING", [level.value])
 
 
+def _checked_notes(reasons: list[dict[str, Any]]) -> list[dict[str, str]]:
+    notes = []
+    for item in reasons:
+        code = Reason(item["reason"])
+        if not REASONS[code].uses & {Use.REJECTION, Use.NOTE} or not isinstance(item["message"], str):
+            raise ValueError(f"{code} is not a rejection reason or a note")
+        notes.append({"reason": code.value, "message": item["message"]})
+    return notes
+
+
 def _check_codes(row: dict[str, Any]) -> dict[str, Any]:
     """A submission row in the vocabulary's terms (a wrong code here is the verifier's bug)."""
     status, reason, level = row["status"], row["reason"], row["level"]
@@ -630,17 +689,11 @@ def _check_codes(row: dict[str, Any]) -> dict[str, Any]:
         level = Level(level)
     else:
         raise ValueError(f"status is accepted or rejected, not {status!r}")
-    notes = []
-    for item in row["reasons"]:
-        code = Reason(item["reason"])
-        if not REASONS[code].uses & {Use.REJECTION, Use.NOTE} or not isinstance(item["message"], str):
-            raise ValueError(f"{code} is not a rejection reason or a note")
-        notes.append({"reason": code.value, "message": item["message"]})
     return {
         **row,
         "reason": None if reason is None else Reason(reason).value,
         "level": None if level is None else Level(level).value,
-        "reasons": notes,
+        "reasons": _checked_notes(row["reasons"]),
     }
 
 
@@ -740,8 +793,29 @@ def consume_challenge(where: Where, challenge_id: str, submission_id: str) -> No
 # -- submissions and the audit log -----------------------------------------------------------
 
 
-def insert_submission(where: Where, row: dict[str, Any], audit: dict[str, Any]) -> None:
-    """Store a submission and its first audit entry; codes and levels must be the vocabulary's."""
+#: How a submission's summary and notes are brought up to date (re-scored) when its judgements
+#: change: (summary, notes, scoring input or None, the tasks and what changed for each) -> (summary,
+#: notes, the audit entry's reason). ale_verify.judging provides them; only SQL is here.
+Rescore = Callable[[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None, dict[str, Any]],
+                   tuple[dict[str, Any], list[dict[str, Any]], str]]  # fmt: skip
+
+
+@attrs.frozen
+class Queued:
+    """What an accepted upload leaves behind besides its row: the verifier's judge jobs (rows of
+    ``judge_jobs`` without the submission id), its scoring input (``release_sha256``, ``results``),
+    the registered judge keys its credited verdicts rest on ((task, key id) pairs), and how to
+    re-score it should one of those keys have been revoked while it was being checked."""
+
+    jobs: tuple[dict[str, Any], ...] = ()
+    scoring: dict[str, Any] | None = None
+    key_credits: tuple[tuple[str, str], ...] = ()
+    on_revoked: Rescore | None = None
+
+
+def insert_submission(where: Where, row: dict[str, Any], audit: dict[str, Any], queued: Queued | None = None) -> None:
+    """Store a submission and its first audit entry; codes and levels must be the vocabulary's.
+    With ``queued``, in the same transaction, what it leaves for later (:class:`Queued`)."""
     row = _check_codes(row)
     audit = {**audit, "to_level": None if audit["to_level"] is None else Level(audit["to_level"]).value}
     with transaction(where) as s:
@@ -751,6 +825,59 @@ def insert_submission(where: Where, row: dict[str, Any], audit: dict[str, Any]) 
             {**row, "reasons": json.dumps(row["reasons"]), "summary": json.dumps(row["summary"], sort_keys=True)},
         )
         _insert(s, "audit_log", {**audit, "submission_id": row["id"]})
+        if queued is not None:
+            _insert_queued(s, row["id"], queued, now=audit["at"])
+
+
+def _insert_queued(s: Session, submission_id: str, queued: Queued, *, now: float) -> None:
+    for job in queued.jobs:
+        _insert(s, "judge_jobs", {**job, "submission_id": submission_id})
+    if queued.scoring is not None:
+        _insert(s, "scoring_inputs", {**queued.scoring, "submission_id": submission_id})
+    for task, key_id in queued.key_credits:
+        _insert(s, "judge_credits", {"submission_id": submission_id, "task": task, "key_id": key_id})
+    if not queued.key_credits or queued.on_revoked is None:
+        return
+    # A key revoked while this upload was checked: its revocation did not see these credits (they
+    # were not committed), so they are undone here, as the revocation undoes the ones it finds.
+    ids = sorted({key_id for _, key_id in queued.key_credits})
+    revoked = s.rows(
+        f"SELECT * FROM judge_keys WHERE revoked_at IS NOT NULL AND key_id IN ({', '.join('?' * len(ids))})", ids
+    )
+    if revoked:
+        _rescore(s, submission_id, {r["key_id"]: r for r in revoked}, queued.on_revoked, now=now)
+
+
+def _update_submission(s: Session, submission_id: str, summary: dict[str, Any], reasons: list[dict[str, Any]]) -> None:
+    s.execute(
+        "UPDATE submissions SET summary = ?, reasons = ? WHERE id = ?",
+        [json.dumps(summary, sort_keys=True), json.dumps(_checked_notes(reasons)), submission_id],
+    )
+
+
+def _scoring_input(s: Session, submission_id: str) -> dict[str, Any] | None:
+    rows = s.rows("SELECT release_sha256, results FROM scoring_inputs WHERE submission_id = ?", [submission_id])
+    return rows[0] if rows else None
+
+
+def _apply(s: Session, submission_id: str, changes: dict[str, Any], apply: Rescore, *, action: str, now: float) -> None:
+    """Re-score one submission with ``apply`` and log it (its level is unchanged: from = to)."""
+    (sub,) = s.rows("SELECT level, summary, reasons FROM submissions WHERE id = ?", [submission_id])
+    summary, reasons, message = apply(
+        json.loads(sub["summary"]), json.loads(sub["reasons"]), _scoring_input(s, submission_id), changes
+    )
+    _update_submission(s, submission_id, summary, reasons)
+    entry = {"submission_id": submission_id, "at": now, "actor": "verifier", "action": action,
+             "from_level": sub["level"], "to_level": sub["level"], "reason": message}  # fmt: skip
+    _insert(s, "audit_log", entry)
+
+
+def _rescore(s: Session, submission_id: str, revoked: dict[str, dict[str, Any]], apply: Rescore, *, now: float) -> None:
+    """The submission's tasks credited to one of the ``revoked`` keys (key id -> row), re-scored."""
+    credits = s.rows("SELECT task, key_id FROM judge_credits WHERE submission_id = ? ORDER BY task", [submission_id])
+    changes = {c["task"]: revoked[c["key_id"]] for c in credits if c["key_id"] in revoked}
+    if changes:
+        _apply(s, submission_id, changes, apply, action="rescored", now=now)
 
 
 def _decode(row: dict[str, Any]) -> dict[str, Any]:
@@ -870,3 +997,175 @@ def runner_key(where: Where, key_id: str) -> dict[str, Any] | None:
 def runner_keys(where: Where) -> list[dict[str, Any]]:
     with connect(where) as s:
         return s.rows("SELECT * FROM runner_keys ORDER BY registered_at, key_id")
+
+
+# -- judge keys (docs/verifier.md, "Faithfulness") --------------------------------------------
+
+#: The audit log's ``submission_id`` of a judge key's own entries: ``judge-key:<key id>``.
+JUDGE_KEY_SUBJECT = "judge-key:"
+
+
+def _key_entry(s: Session, key_id: str, *, actor: str, action: str, reason: str, now: float) -> None:
+    _insert(s, "audit_log", {"submission_id": JUDGE_KEY_SUBJECT + key_id, "at": now, "actor": actor,
+                             "action": action, "from_level": None, "to_level": None, "reason": reason})  # fmt: skip
+
+
+def register_judge_key(where: Where, *, key_id: str, public_key: str, label: str, actor: str) -> dict[str, Any]:
+    """A judge key whose signed verdicts are credited from now on, with its audit entry; a key
+    already registered, active or revoked, is a :class:`Conflict` (a revoked key stays revoked)."""
+    now = time.time()
+    row = {"key_id": key_id, "public_key": public_key, "label": label, "source": "api", "registered_at": now,
+           "registered_by": actor, "revoked_at": None, "revoked_by": None, "revoke_reason": None}  # fmt: skip
+    try:
+        with transaction(where) as s:
+            _insert(s, "judge_keys", row)
+            _key_entry(s, key_id, actor=actor, action="judge_key_registered", reason=label, now=now)
+    except Refused:
+        raise Conflict("this judge key is already registered here (a revoked key cannot be registered again)") from None
+    return row
+
+
+def judge_key(where: Where, key_id: str) -> dict[str, Any] | None:
+    with connect(where) as s:
+        rows = s.rows("SELECT * FROM judge_keys WHERE key_id = ?", [key_id])
+    return rows[0] if rows else None
+
+
+def judge_keys(where: Where) -> list[dict[str, Any]]:
+    with connect(where) as s:
+        return s.rows("SELECT * FROM judge_keys ORDER BY registered_at, key_id")
+
+
+def revoke_judge_key(
+    where: Where,
+    key_id: str,
+    *,
+    actor: str,
+    reason: str,
+    configured: dict[str, str] | None,
+    rescore: Rescore,
+) -> tuple[dict[str, Any], list[str]]:
+    """Revoke a judge key (one registered here, or ``configured``: one of the configuration's,
+    ``{"public_key", "label"}``, recorded revoked) and re-score, in the same transaction, every
+    submission with a task credited to it; (the key's row, those submissions' ids). An unknown key
+    is a KeyError, a revoked one a :class:`Conflict`."""
+    now = time.time()
+    with transaction(where, lock=["judge_keys", "submissions"]) as s:
+        rows = s.rows("SELECT * FROM judge_keys WHERE key_id = ?", [key_id])
+        if rows and rows[0]["revoked_at"] is not None:
+            raise Conflict("this judge key is already revoked")
+        if rows:
+            s.execute(
+                "UPDATE judge_keys SET revoked_at = ?, revoked_by = ?, revoke_reason = ? WHERE key_id = ?",
+                [now, actor, reason, key_id],
+            )
+        elif configured is not None:
+            _insert(s, "judge_keys", {"key_id": key_id, "public_key": configured["public_key"],
+                                      "label": configured["label"], "source": "configuration", "registered_at": now,
+                                      "registered_by": "configuration", "revoked_at": now, "revoked_by": actor,
+                                      "revoke_reason": reason})  # fmt: skip
+        else:
+            raise KeyError(key_id)
+        _key_entry(s, key_id, actor=actor, action="judge_key_revoked", reason=reason, now=now)
+        (key,) = s.rows("SELECT * FROM judge_keys WHERE key_id = ?", [key_id])
+        credited = s.rows(
+            "SELECT DISTINCT submission_id FROM judge_credits WHERE key_id = ? ORDER BY submission_id", [key_id]
+        )
+        affected = [r["submission_id"] for r in credited]
+        for submission_id in affected:
+            _rescore(s, submission_id, {key_id: key}, rescore, now=now)
+    return key, affected
+
+
+# -- the verifier's judge jobs -----------------------------------------------------------------
+
+_DUE = "(state = 'pending' AND not_before <= ?) OR (state = 'running' AND lease_until < ?)"
+
+
+def judge_job_due(where: Where, now: float) -> bool:
+    """Whether a job can be claimed now (a read, no lock: the claim itself decides)."""
+    with connect(where) as s:
+        return s.one(f"SELECT 1 FROM judge_jobs WHERE {_DUE} LIMIT 1", [now, now]) is not None
+
+
+def claim_judge_job(where: Where, *, worker: str, now: float, lease_s: float) -> dict[str, Any] | None:
+    """Claim the next due job for ``worker`` until ``now + lease_s`` (a pending one whose time has
+    come, or a running one whose lease ran out: its worker stopped), counting the attempt. Claims
+    hold ``judge_jobs`` against other writers (SQLite's write lock, PostgreSQL's table lock), so of
+    any number of processes exactly one gets each job."""
+    with transaction(where, lock=["judge_jobs"]) as s:
+        rows = s.rows(
+            f"SELECT * FROM judge_jobs WHERE {_DUE} ORDER BY not_before, queued_at, submission_id, task LIMIT 1",
+            [now, now],
+        )
+        if not rows:
+            return None
+        job = rows[0]
+        s.execute(
+            "UPDATE judge_jobs SET state = 'running', claimed_by = ?, lease_until = ?, attempts = attempts + 1 "
+            "WHERE submission_id = ? AND task = ?",
+            [worker, now + lease_s, job["submission_id"], job["task"]],
+        )
+    return {**job, "state": "running", "claimed_by": worker, "lease_until": now + lease_s,
+            "attempts": job["attempts"] + 1}  # fmt: skip
+
+
+_MINE = "submission_id = ? AND task = ? AND state = 'running' AND claimed_by = ?"
+
+
+def renew_judge_job(where: Where, submission_id: str, task: str, *, worker: str, until: float) -> bool:
+    """Extend the worker's lease; False when the job is no longer its own."""
+    with connect(where) as s:
+        cur = s.execute(f"UPDATE judge_jobs SET lease_until = ? WHERE {_MINE}", [until, submission_id, task, worker])
+        return bool(cur.rowcount == 1)
+
+
+def retry_judge_job(
+    where: Where, submission_id: str, task: str, *, worker: str, not_before: float, outcome: str, error: str
+) -> None:
+    """Give the job back, to be tried again from ``not_before`` (a judge that did not answer)."""
+    with connect(where) as s:
+        cur = s.execute(
+            "UPDATE judge_jobs SET state = 'pending', lease_until = NULL, not_before = ?, outcome = ?, last_error = ? "
+            f"WHERE {_MINE}",
+            [not_before, outcome, error, submission_id, task, worker],
+        )
+        if cur.rowcount != 1:
+            raise Conflict("the judge job is no longer this worker's")
+
+
+def finish_judge_job(
+    where: Where,
+    submission_id: str,
+    task: str,
+    *,
+    worker: str,
+    state: str,
+    outcome: str,
+    error: str | None,
+    change: Any,
+    apply: Rescore,
+) -> None:
+    """End the job (``done``: judged; ``failed``: no verdict) and, in the same transaction,
+    re-score its submission with ``apply`` (``change``: what the judge gave for the task); the
+    stored judge input is dropped. A job that is no longer the worker's is a :class:`Conflict`."""
+    now = time.time()
+    # submissions first, as an upload's transaction writes them (then its jobs): one lock order, no deadlock
+    with transaction(where, lock=["submissions", "judge_jobs"]) as s:
+        cur = s.execute(
+            "UPDATE judge_jobs SET state = ?, outcome = ?, last_error = ?, judge_input = NULL, finished_at = ?, "
+            f"lease_until = NULL WHERE {_MINE}",
+            [state, outcome, error, now, submission_id, task, worker],
+        )
+        if cur.rowcount != 1:
+            raise Conflict("the judge job is no longer this worker's")
+        _apply(s, submission_id, {task: change}, apply, action="judged", now=now)
+
+
+def judge_jobs(where: Where, submission_id: str | None = None) -> list[dict[str, Any]]:
+    """The judge jobs (of one submission), without their inputs."""
+    columns = ("submission_id, task, state, input_sha256, attempts, not_before, claimed_by, lease_until, outcome, "
+               "last_error, queued_at, finished_at, judge_input IS NOT NULL AS has_input")  # fmt: skip
+    where_clause, params = ("WHERE submission_id = ? ", [submission_id]) if submission_id else ("", [])
+    with connect(where) as s:
+        return s.rows(f"SELECT {columns} FROM judge_jobs {where_clause}ORDER BY queued_at, submission_id, task", params)

@@ -51,7 +51,7 @@ from markupsafe import Markup
 
 from ale import catalog
 from ale.core.parse import ParseError, parse_json
-from ale_verify import __version__, db, ranking
+from ale_verify import __version__, db, judging, ranking
 
 #: The board's tabs: (category, label, first page, stem of later pages).
 CATEGORIES: tuple[tuple[str, str, str, str], ...] = (
@@ -92,7 +92,10 @@ CSV_COLUMNS = (
     "runtime_s", "input_tokens", "output_tokens", "tokens_source",
     "received_at", "started", "finished", "release", "official_episode_counts", "runner_kind",
     "run_id", "ciphertext_sha256", "merkle_root",
+    "judged_faithful", "judged_unfaithful", "unjudged", "judging_pending", "judged_by",
 )  # fmt: skip
+#: The judgement columns: each lists the completed reproduction tasks in that state (judging.STATES).
+JUDGEMENT_COLUMNS = ("judged_faithful", "judged_unfaithful", "unjudged", "judging_pending")
 
 
 class ExportError(Exception):
@@ -222,7 +225,22 @@ class Entry:
     coverage: dict[str, tuple[int, int]]  # category -> (covered, required)
     finals: dict[str, float]  # task ref -> final score (completed, covered or not)
     ranks: dict[str, int] = attrs.Factory(dict)
-    unjudged: tuple[str, ...] = ()  # completed reproduction tasks without a credited verdict (final 0)
+    #: each completed reproduction task's judgement (ale_verify.judging.task_judgement)
+    judgements: dict[str, dict[str, Any]] = attrs.Factory(dict)
+
+    def in_state(self, state: str) -> tuple[str, ...]:
+        """The completed reproduction tasks whose judgement is in ``state`` (judging.STATES), sorted."""
+        return tuple(ref for ref, j in sorted(self.judgements.items()) if j["state"] == state)
+
+    @property
+    def unjudged(self) -> tuple[str, ...]:
+        """Without a credited verdict (final 0)."""
+        return self.in_state("unjudged")
+
+    @property
+    def pending(self) -> tuple[str, ...]:
+        """Waiting for the verifier's judge (final 0 until it answers)."""
+        return self.in_state("judging_pending")
 
     @property
     def revoked(self) -> bool:
@@ -278,13 +296,8 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
         pass_rates=pass_rates,
         coverage=coverage,
         finals={ref: float(t["final"]) for ref, t in completed.items()},
-        unjudged=tuple(sorted(ref for ref, t in completed.items() if _judgement(t).get("status") == "unjudged")),
+        judgements={ref: j for ref, j in sorted(judging.task_judgements(s).items()) if ref in completed},
     )
-
-
-def _judgement(task: dict[str, Any]) -> dict[str, Any]:
-    judgement = task.get("judgement")
-    return judgement if isinstance(judgement, dict) else {}
 
 
 def rank(
@@ -884,7 +897,12 @@ class Site:
                     "run_id": s.get("run_id"),
                     "ciphertext_sha256": s.get("ciphertext_sha256"),
                     "merkle_root": s.get("merkle_root"),
+                    **{state: list(e.in_state(state)) for state in JUDGEMENT_COLUMNS},
+                    "judged_by": [
+                        f"{ref}={_judged_by(j)}" for ref, j in sorted(e.judgements.items()) if j["judged_by"]
+                    ],
                     "task_finals": dict(sorted(e.finals.items())),
+                    "task_judgements": dict(sorted(e.judgements.items())),
                 }
             )
         return out
@@ -930,6 +948,15 @@ def _render_slice(bounds: tuple[int, int]) -> tuple[dict[str, tuple[str, int]], 
 
 
 _TEXT_COLUMNS = frozenset({"agent", "model", "effort"})
+
+
+def _judged_by(judgement: dict[str, Any]) -> str:
+    """``judge_key:<key id>`` or ``verifier:<model>`` (``%`` and ``;`` in the model percent-escaped,
+    so that the CSV's ``;``-joined list splits back exactly)."""
+    if judgement["judged_by"] == "judge_key":
+        return f"judge_key:{judgement['judge_key_id']}"
+    model = str(judgement["judge_model"] or "").replace("%", "%25").replace(";", "%3B")
+    return f"verifier:{model}"
 
 
 def _csv_cell(name: str, value: Any) -> str:

@@ -38,7 +38,18 @@ REASONS = {
 }
 SUBMISSION = {
     "type": "object",
-    "required": ["id", "status", "level", "reason", "reasons", "received_at", "run_id", "summary", "history"],
+    "required": [
+        "id",
+        "status",
+        "level",
+        "reason",
+        "reasons",
+        "received_at",
+        "run_id",
+        "summary",
+        "judgements",
+        "history",
+    ],
     "properties": {
         "id": {"type": "string"},
         "status": {"enum": ["accepted", "rejected"]},
@@ -48,6 +59,7 @@ SUBMISSION = {
         "received_at": {"type": "number"},
         "run_id": {"type": ["string", "null"]},
         "summary": {"type": "object"},
+        "judgements": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/Judgement"}},
         "history": {"type": "array", "items": {"type": "object"}},
     },
 }
@@ -63,6 +75,51 @@ VERDICT = {
         "url": {"type": "string"},
     },
 }
+
+
+#: A judge key as the operator API gives it (verify/_routes_operator.py).
+JUDGE_KEY = {
+    "type": "object",
+    "required": [
+        "key_id",
+        "public_key",
+        "label",
+        "source",
+        "registered_at",
+        "registered_by",
+        "revoked_at",
+        "revoked_by",
+        "revoke_reason",
+        "active",
+    ],
+    "properties": {
+        "key_id": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "public_key": {"type": "string"},
+        "label": {"type": "string"},
+        "source": {"enum": ["api", "configuration"]},
+        "registered_at": {"type": ["number", "null"]},
+        "registered_by": {"type": ["string", "null"]},
+        "revoked_at": {"type": ["number", "null"]},
+        "revoked_by": {"type": ["string", "null"]},
+        "revoke_reason": {"type": ["string", "null"]},
+        "active": {"type": "boolean"},
+    },
+}
+#: A task's judgement state (ale_verify.judging.task_judgement; docs/leaderboard-export.md).
+JUDGEMENT = {
+    "type": "object",
+    "required": ["state", "judged_by", "judge_key_id", "judge_model", "reason"],
+    "properties": {
+        "state": {"enum": ["judged_faithful", "judged_unfaithful", "unjudged", "judging_pending"]},
+        "judged_by": {"enum": ["judge_key", "verifier", None]},
+        "judge_key_id": {"type": ["string", "null"]},
+        "judge_model": {"type": ["string", "null"]},
+        "reason": {"type": ["string", "null"]},
+    },
+}
+#: A raw Ed25519 public key in base64 (32 bytes: 43 characters and one "=").
+PUBLIC_KEY = {"type": "string", "pattern": "^[A-Za-z0-9+/]{43}=$", "minLength": 44, "maxLength": 44}
+TEXT = {"type": "string", "minLength": 1, "maxLength": 2000}
 
 
 def _error(description: str) -> dict[str, Any]:
@@ -145,7 +202,13 @@ def _document(server_url: str) -> dict[str, Any]:
         "servers": [{"url": server_url}],
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {"Error": ERROR, "Submission": SUBMISSION, "Verdict": VERDICT},
+            "schemas": {
+                "Error": ERROR,
+                "Submission": SUBMISSION,
+                "Verdict": VERDICT,
+                "Judgement": JUDGEMENT,
+                "JudgeKey": JUDGE_KEY,
+            },
         },
         "paths": {
             "/healthz": {"get": {"operationId": "health", "responses": {"200": _json({"type": "object"})}}},
@@ -308,6 +371,79 @@ def _document(server_url: str) -> dict[str, Any]:
                         **BODY_ERRORS,
                     },
                 },
+            },
+            "/api/v1/operator/judge-keys": {
+                "get": {
+                    "operationId": "listJudgeKeys",
+                    "security": AUTH,
+                    "summary": "the judge keys: registered here (active or revoked) and the configuration's",
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["keys"],
+                                "properties": {
+                                    "keys": {"type": "array", "items": {"$ref": "#/components/schemas/JudgeKey"}}
+                                },
+                            }
+                        ),
+                        "401": _error("no valid token"),
+                        "403": _error("not an operator"),
+                    },
+                },
+                "post": {
+                    "operationId": "registerJudgeKey",
+                    "security": AUTH,
+                    "summary": "register a judging party's key: its signed verdicts are credited from now on",
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["public_key", "label"],
+                                    "additionalProperties": False,
+                                    "properties": {"public_key": PUBLIC_KEY, "label": TEXT},
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "201": _json({"$ref": "#/components/schemas/JudgeKey"}, "registered"),
+                        "400": _error("bad body (a public key that is not base64 of 32 bytes, PEM included)"),
+                        "401": _error("no valid token"),
+                        "403": _error("not an operator"),
+                        "409": _error("already registered (here, revoked, or in the configuration)"),
+                        **BODY_ERRORS,
+                    },
+                },
+            },
+            "/api/v1/operator/judge-keys/{key_id}/revoke": {
+                "post": {
+                    "operationId": "revokeJudgeKey",
+                    "security": AUTH,
+                    "summary": "revoke a judge key: every task credited to it is re-scored unjudged (final 0)",
+                    "parameters": [{"name": "key_id", "in": "path", "required": True, "schema": ID_SCHEMA}],
+                    "requestBody": REASON_BODY,
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["key", "rescored"],
+                                "properties": {
+                                    "key": {"$ref": "#/components/schemas/JudgeKey"},
+                                    "rescored": {"type": "array", "items": {"type": "string"}},
+                                },
+                            }
+                        ),
+                        "400": _error("bad body"),
+                        "401": _error("no valid token"),
+                        "403": _error("not an operator"),
+                        "404": _error("unknown key"),
+                        "409": _error("already revoked, or a submission it credited cannot be re-scored"),
+                        **BODY_ERRORS,
+                    },
+                }
             },
             "/api/v1/operator/runner-keys/{key_id}": {
                 "delete": {

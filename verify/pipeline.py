@@ -19,10 +19,11 @@ the uploader's. Steps 3 to 12 are ``ale.core``'s, the very functions ``ale inspe
 11. benchmark and task versions, coverage
 12. the faithfulness verdicts: each judge input rebuilt from the bundle and held to its verdict;
     recompute the scores from the evaluator results and compare with the claimed ones; then the
-    verdicts the verifier credits (a registered judge key's signature, or its own judge's verdict
-    on the rebuilt input; else unjudged, final 0) and the scores the board shows
+    verdicts the verifier credits (a trusted judge key's signature; else, with a judge of its
+    own, judging pending, its judge asked after the upload by ale_verify.judge_worker; else
+    unjudged, final 0) and the scores the board shows (ale_verify.judging.plan)
 13. audit summary
-14. persist metadata (submission row + audit log entry)
+14. persist metadata (submission row + audit log entry, and the judge jobs it leaves)
 15. delete the plaintext and ciphertext temp files (every path, failures included)
 """
 
@@ -43,9 +44,9 @@ import attrs
 from ale import catalog
 from ale.core import bundle
 from ale.core.documents import ELEVATION_MEMBERS
-from ale.core.faithfulness import Credit, credit, to_judge
+from ale.core.faithfulness import Credit
 from ale.core.reasons import Level, Reason
-from ale.core.results import RunScore, task_score_document
+from ale.core.results import RunScore
 from ale.core.verify import (
     Documents,
     RunnerKey,
@@ -56,7 +57,6 @@ from ale.core.verify import (
     check_signature,
     check_verdicts,
     check_versions,
-    credited_scores,
     file_digests,
     level_for,
     parse_documents,
@@ -171,28 +171,15 @@ def step_signature(docs: Documents, root: str, settings: Settings) -> RunnerKey 
     return check_signature(docs, root, registered_runner(settings))[1]
 
 
-def step_faithfulness(
-    docs: Documents, files: dict[str, bytes], release: Any, settings: Settings
-) -> tuple[RunScore, dict[str, Credit]]:
+def step_faithfulness(docs: Documents, files: dict[str, bytes], release: Any, settings: Settings) -> judging.Plan:
     """Step 12: the verdicts held to the judge inputs rebuilt from the bundle, the claimed scores
-    recomputed from the bundle's own verdicts, then the credited verdicts and the board's scores."""
+    recomputed from the bundle's own verdicts, then the credited verdicts, the board's scores and
+    the judge jobs the upload leaves (:func:`ale_verify.judging.plan`)."""
     contexts = catalog.judge_contexts()
     reproduction = any(t.genre == "reproduction" for t in docs.results.tasks)
     inputs, verdicts = check_verdicts(docs, contexts, trajectory(docs, files) if reproduction else b"")
     recompute_scores(docs, release, verdicts)
-    keys = judging.judge_keys(settings)
-    configured = judging.configured(settings)
-    rejudged = judging.rejudge(settings, to_judge(docs, keys), inputs, contexts) if configured else {}
-    credits = credit(docs, inputs, keys=keys, rejudged=rejudged, rejudge_configured=configured)
-    return credited_scores(docs, release, credits), credits
-
-
-def unjudged_notes(credits: dict[str, Credit]) -> list[dict[str, str]]:
-    return [
-        {"reason": Reason.UNJUDGED, "message": f"{ref}: {c.rationale}"}
-        for ref, c in sorted(credits.items())
-        if c.status == "unjudged"
-    ]
+    return judging.plan(docs, files, release, settings, inputs)
 
 
 def audit_summary(
@@ -209,36 +196,19 @@ def audit_summary(
 ) -> dict[str, Any]:
     """What the verifier stores and the board shows: ``recomputed`` are the credited scores."""
     m = docs.manifest
-    agg = recomputed.aggregate
-    credits = credits or {}
+    judgements = {ref: c.summary() for ref, c in (credits or {}).items()}
     return {
         "run_id": m.run_id,
         "agent": {"name": m.agent.name, "declared": dict(m.agent.declared), "command": list(m.agent.command)},
         "release": m.release.name,
         "release_sha256": m.release.manifest_sha256,
-        "tasks": [
-            {
-                **task_score_document(s),
-                "status": "completed",
-                "judgement": credits[s.task].summary() if s.task in credits else None,
-            }
-            for s in recomputed.tasks
-        ]
-        + [
-            {"task": t.task, "genre": t.genre, "status": t.status, "reason": t.reason}
-            for t in docs.results.tasks
-            if t.status != "completed"
-        ],
+        # tasks, macro_mean, categories, pass_rate, covered, missing, coverage_complete: re-scoring
+        # after a judgement changes writes them again with the same function
+        **judging.score_members(recomputed, docs.results, judgements),
         "task_info": {
             t.task: {"mode": t.mode, "genre": t.genre, "official_episodes": t.official_episodes}
             for t in docs.results.tasks
         },
-        "macro_mean": agg.macro_mean,
-        "categories": agg.categories,
-        "pass_rate": agg.pass_rate,
-        "covered": list(agg.covered),
-        "missing": list(agg.missing),
-        "coverage_complete": agg.coverage_complete,
         "official_episode_counts": m.run.official_episode_counts,
         "started": m.run.started,
         "finished": m.run.finished,
@@ -347,7 +317,8 @@ def process_upload(
                 release_for=lambda sha: (releases[sha], sha) if sha in releases else None,
                 known_tasks={t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()},
             )
-            recomputed, credits = step_faithfulness(docs, files, release, settings)  # 12.
+            judged = step_faithfulness(docs, files, release, settings)  # 12.
+            recomputed, credits = judged.scores, judged.credits
         except VerificationError as exc:  # BundleError is one
             reason = exc.reason
             outcome = Outcome(
@@ -372,9 +343,11 @@ def process_upload(
             release_images=release.images,
         )  # 13.
         level, notes = assign_level(summary)
-        notes += unjudged_notes(credits)
+        notes += judging.judgement_notes({ref: c.summary() for ref, c in credits.items()})
         outcome = Outcome(submission_id, "accepted", level, None, notes, summary)
-        _persist(outcome, settings, user_id=user_id, now=now, run_id=summary["run_id"])  # 14.
+        _persist(outcome, settings, user_id=user_id, now=now, run_id=summary["run_id"], queued=judged.queued)  # 14.
+        if judged.queued.jobs:
+            judging.WAKE.set()  # this process's judge worker looks at once
         if settings.keep_bundles and settings.bundle_dir is not None:
             settings.bundle_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ciphertext_path, settings.bundle_dir / f"{submission_id}.ale")
@@ -385,7 +358,15 @@ def process_upload(
         ciphertext_path.unlink(missing_ok=True)  # 15. (the plaintext never touched the disk)
 
 
-def _persist(outcome: Outcome, settings: Settings, *, user_id: str, now: float, run_id: str | None) -> None:
+def _persist(
+    outcome: Outcome,
+    settings: Settings,
+    *,
+    user_id: str,
+    now: float,
+    run_id: str | None,
+    queued: db.Queued | None = None,
+) -> None:
     row = {
         "id": outcome.submission_id,
         "user_id": user_id,
@@ -406,4 +387,4 @@ def _persist(outcome: Outcome, settings: Settings, *, user_id: str, now: float, 
         "to_level": outcome.level,
         "reason": outcome.reason or "all checks passed",
     }
-    db.insert_submission(settings.database, row, audit)
+    db.insert_submission(settings.database, row, audit, queued)

@@ -7,12 +7,14 @@ trajectory) and, when ``ALE_EVENT_FD`` is set, a few JSON ``note`` events to tha
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import gymnasium as gym
@@ -23,6 +25,8 @@ from ale.protocol import decode_space
 
 POLICY_SCRIPT = "policy"
 POLICY_ARTIFACT = "policy.safetensors"
+#: the workspace folder a bundled agent writes the source of its derivation into
+SOURCE_DIR = "derivation"
 DEFAULT_SEED = 0
 
 
@@ -151,9 +155,9 @@ class AgentContext:
 
     def _write(self, name: str, data: bytes, mode: int) -> Path:
         """Write ``workspace/name`` atomically (a killed agent never leaves half a policy)."""
-        self.workspace.mkdir(parents=True, exist_ok=True)
         path = self.workspace / name
-        tmp = self.workspace / f".{name}.tmp"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_bytes(data)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
@@ -166,6 +170,17 @@ class AgentContext:
     def write_policy_script(self, body: str) -> Path:
         """The interactive-mode entrypoint, an executable ``$ALE_WORKSPACE/policy`` run by this interpreter."""
         return self._write(POLICY_SCRIPT, f"#!{sys.executable}\n{body.lstrip()}".encode(), 0o755)
+
+    def write_sources(self, *modules: ModuleType) -> list[Path]:
+        """The source of the modules that derive the policy, as they run, into
+        ``$ALE_WORKSPACE/derivation/`` (one file per module, named as in the package): the
+        workspace is what the harness snapshots for the faithfulness judge, so the code that
+        computed the policy is among the artifacts, not only the policy it wrote."""
+        paths = []
+        for module in modules:
+            name = Path(inspect.getfile(module)).name
+            paths.append(self._write(f"{SOURCE_DIR}/{name}", inspect.getsource(module).encode(), 0o644))
+        return paths
 
     # -- feedback on the agent's own seeds -------------------------------------------------
 

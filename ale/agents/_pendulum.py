@@ -7,12 +7,18 @@
 2. Ordinary least squares x' = A x + B u, no intercept.
 3. Discrete LQR (Q = I, R = 1) by Riccati iteration.
 4. The policy script u = clip(-K x, -3, 3), with K written into it.
+
+Before it starts, the agent writes this module's and :mod:`ale.agents._lqr`'s source into the
+workspace (``derivation/``), beside the policy script.
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
+from ale.agents import _lqr
 from ale.agents._common import AgentContext, box
 from ale.agents._lqr import dlqr
 from ale.client import RemoteVectorEnv
@@ -112,6 +118,8 @@ def check(ctx: AgentContext, gain: np.ndarray, k: int = CHECK_COPIES) -> tuple[i
 
 
 def solve(ctx: AgentContext) -> None:
+    sources = ctx.write_sources(sys.modules[__name__], _lqr)
+    ctx.note(f"wrote the derivation's source: {', '.join(str(p) for p in sources)}")
     # Exploration takes at most half of the step budget; the rest is for the practice check.
     transitions = int(min(TRANSITIONS, ctx.steps_left() // 2) // NUM_COPIES * NUM_COPIES)
     if transitions < MIN_TRANSITIONS:

@@ -3,12 +3,13 @@
 tau = J(q)^T (Kp e) - Kd qdot, a = clip(tau, -1, 1), with e = target - fingertip = -(o[8], o[9]),
 link lengths l1 = 0.10 m, l2 = 0.11 m and the reported gains Kp = 150, Kd = 0.2. The agent checks
 the forward kinematics against the observation and plays a few practice episodes before it writes
-the policy script.
+the policy script; it writes this module's source into the workspace (``derivation/``) first.
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 
 import numpy as np
 
@@ -93,6 +94,8 @@ def check(ctx: AgentContext, k: int = CHECK_COPIES) -> tuple[float, float, float
 
 
 def solve(ctx: AgentContext) -> None:
+    (source,) = ctx.write_sources(sys.modules[__name__])
+    ctx.note(f"wrote the derivation's source: {source}")
     ctx.note(f"Jacobian-transpose PD controller: l1={L1} m, l2={L2} m, Kp={KP}, Kd={KD}")
     fk_err, dist, speed = check(ctx)
     ctx.note(

@@ -10,14 +10,16 @@
 2. :func:`credit` decides, per completed reproduction task, the verdict the board uses: a verdict
    signed by a judge key the verifier has registered, else the verifier's own verdict when it
    re-judged the rebuilt input with its operator's judge, else none: *unjudged*, which the gate
-   treats as unfaithful (final 0). docs/verifier.md ("Faithfulness") is this module in prose.
+   treats as unfaithful (final 0). A task the verifier's judge is still to be asked about is
+   *pending* (unfaithful, final 0, until :func:`verifier_credit` turns the judge's answer into its
+   credit). docs/verifier.md ("Faithfulness") is this module in prose.
 
 Pure: the re-judging itself (an HTTP call) is the caller's; its results come in as values.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
@@ -32,7 +34,12 @@ from ale.core.verdict import JudgeResult, verify_verdict
 if TYPE_CHECKING:  # ale.core.verify imports this module
     from ale.core.verify import Documents
 
-CreditStatus = Literal["judged", "unjudged"]
+CreditStatus = Literal["judged", "unjudged", "pending"]
+#: the rationale of a task whose verdict the verifier's judge is still to give
+PENDING_RATIONALE = (
+    "judging pending: the bundle's own verdict is not credited, and the verifier's judge is asked about "
+    "the rebuilt judge input after the upload: final 0 until it answers"
+)
 
 
 @attrs.frozen
@@ -54,14 +61,15 @@ class Credit:
 
     task: str
     status: CreditStatus
-    faithful: bool  # the gate (False when unjudged)
-    source: str | None  # "verifier" (re-judged) or "judge key <label>" (signed); None when unjudged
-    outcome: str  # the credited verdict's outcome, or why there is none
+    faithful: bool  # the gate (False unless judged faithful)
+    source: str | None  # "verifier" (re-judged) or "judge key <label>" (signed); None when not judged
+    outcome: str  # the credited verdict's outcome, or why there is none ("pending": not yet)
     judge_model: str | None
     rationale: str
     findings: tuple[dict[str, Any], ...]
     input_sha256: str
     claimed: dict[str, Any]  # the bundle's own entry, for the record (never credited as such)
+    judge_key_id: str | None = None  # the registered judge key whose signed verdict is credited
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -74,6 +82,7 @@ class Credit:
             "findings": list(self.findings),
             "input_sha256": self.input_sha256,
             "claimed": self.claimed,
+            "judge_key_id": self.judge_key_id,
         }
 
 
@@ -165,8 +174,10 @@ def credit(
     keys: JudgeKeyLookup | None = None,
     rejudged: Mapping[str, JudgeResult] | None = None,
     rejudge_configured: bool = False,
+    pending: Collection[str] = (),
 ) -> dict[str, Credit]:
-    """Step 2 (see the module docstring), for every completed reproduction task."""
+    """Step 2 (see the module docstring), for every completed reproduction task; ``pending``: the
+    tasks whose verdict the verifier's judge is still to give (credited as pending)."""
     credits = {}
     for t in docs.results.tasks:
         if t.genre != "reproduction" or t.status != "completed":
@@ -179,24 +190,34 @@ def credit(
         if key is not None:
             credits[ref] = Credit(ref, "judged", bool(entry.faithful), f"judge key {key.label or key.key_id[:16]}",
                                   entry.outcome, entry.judge_model, entry.rationale,
-                                  tuple(claimed["findings"]), digest, claimed)  # fmt: skip
-        elif mine is not None and mine.outcome == "judged":
-            credits[ref] = Credit(ref, "judged", bool(mine.faithful), "verifier", mine.outcome, mine.judge_model,
-                                  mine.rationale, tuple(attrs.asdict(f) for f in mine.findings), digest,
-                                  claimed)  # fmt: skip
+                                  tuple(claimed["findings"]), digest, claimed, key.key_id)  # fmt: skip
+        elif mine is not None:
+            credits[ref] = verifier_credit(ref, mine, digest, claimed)
+        elif ref in pending:
+            credits[ref] = Credit(ref, "pending", False, None, "pending", None, PENDING_RATIONALE, (), digest, claimed)
         else:
-            why = _unjudged_reason(mine, rejudge_configured, entry.signature is not None)
-            credits[ref] = Credit(ref, "unjudged", False, None, mine.outcome if mine else "no_judge",
-                                  mine.judge_model if mine else None, why, (), digest, claimed)  # fmt: skip
+            why = unjudged_reason(None, configured=rejudge_configured, signed=entry.signature is not None)
+            credits[ref] = Credit(ref, "unjudged", False, None, "no_judge", None, why, (), digest, claimed)
     return credits
 
 
-def _unjudged_reason(mine: JudgeResult | None, configured: bool, signed: bool) -> str:
+def verifier_credit(ref: str, mine: JudgeResult, digest: str, claimed: dict[str, Any], *, attempts: int = 1) -> Credit:
+    """The credit the verifier's own judge's answer gives: its verdict when it judged (faithful or
+    not), else unjudged with the reason (``attempts``: how many times it was asked)."""
+    if mine.outcome == "judged":
+        return Credit(ref, "judged", bool(mine.faithful), "verifier", mine.outcome, mine.judge_model, mine.rationale,
+                      tuple(attrs.asdict(f) for f in mine.findings), digest, claimed)  # fmt: skip
+    why = unjudged_reason(mine, configured=True, signed=claimed.get("signature") is not None, attempts=attempts)
+    return Credit(ref, "unjudged", False, None, mine.outcome, mine.judge_model, why, (), digest, claimed)
+
+
+def unjudged_reason(mine: JudgeResult | None, *, configured: bool, signed: bool, attempts: int = 1) -> str:
     parts = ["the bundle's own verdict is not credited"]
     if signed:
         parts.append("its signature is not by a judge key this verifier has registered")
     if mine is not None:
-        parts.append(f"the verifier's judge gave no verdict ({mine.outcome}: {mine.rationale})")
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
+        parts.append(f"the verifier's judge gave no verdict{tries} ({mine.outcome}: {mine.rationale})")
     elif not configured:
         parts.append("this verifier has no judge to re-judge it with")
     return "; ".join(parts) + ": unjudged, final 0"

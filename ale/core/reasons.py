@@ -77,6 +77,7 @@ class Reason(enum.StrEnum):
     NO_CHALLENGE = "no_challenge"
     UNOFFICIAL_EPISODES = "unofficial_episodes"
     UNJUDGED = "unjudged"
+    JUDGING_PENDING = "judging_pending"
     # refused requests (the API's error bodies)
     BAD_REQUEST = "bad_request"
     UNKNOWN_FIELD = "unknown_field"
@@ -218,8 +219,15 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.UNJUDGED: _info(
         "12 faithfulness",
         _N,
-        "a completed reproduction task has no verdict the verifier credits (it did not re-judge it, and no "
-        "registered judge key signed one): shown unjudged, final 0",
+        "a completed reproduction task has no verdict the verifier credits (no trusted judge key signed one, and "
+        "the verifier has no judge or its judge gave no verdict; or the signing key was revoked since): shown "
+        "unjudged, final 0",
+    ),
+    R.JUDGING_PENDING: _info(
+        "12 faithfulness",
+        _N,
+        "a completed reproduction task waits for the verifier's own judge, asked after the upload: shown judging "
+        "pending, final 0 until it answers (then judged, or unjudged with the reason)",
     ),
     R.BAD_REQUEST: _info("API", _Q, "a malformed request: body, parameter or value (HTTP 400)"),
     R.UNKNOWN_FIELD: _info("API", _Q, "a parameter or body field the endpoint does not take (HTTP 400)"),

@@ -97,12 +97,14 @@ async def judge_task(
 
 
 def _relay(session: JudgeGateway, rec: Recorder, task: str) -> None:
+    """The judge gateway's lines as ``trusted_network_proxy`` events; a line that cannot be read is
+    an ``unreadable_gateway_event`` marked ``"gateway": "judge"``, as the agent's gateway's are
+    (:class:`ale.runner.tails.GatewayTail`), never a ``refused_event`` (the grammar refused nothing)."""
     for line in session.events():
         parsed = relayed(line, task) if isinstance(line, dict) else line
         if isinstance(parsed, str):
-            data = {"task": task, "producer": "trusted_network_proxy", "kind": "judge gateway line",
-                    "reason": f"unreadable: {parsed}"}  # fmt: skip
-            rec.emit("trusted_harness", "refused_event", data)
+            data = {"task": task, "gateway": UPSTREAM, "reason": parsed}
+            rec.emit("trusted_harness", "unreadable_gateway_event", data)
             continue
         kind, data, wall, mono = parsed
         rec.emit("trusted_network_proxy", kind, data, wall_time=wall, monotonic=mono)
