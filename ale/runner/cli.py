@@ -17,7 +17,7 @@ import trio
 from ale import __version__, catalog
 from ale.judge import cli as judge_cli
 from ale.runner import agent_env, runtimes
-from ale.runner.options import AgentSpec
+from ale.runner.options import MAX_JOBS, AgentSpec
 from ale.runner.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -261,7 +261,7 @@ def _jobs(args: argparse.Namespace) -> int | None:
         raise CliError(f"--jobs must be a positive integer, not {text[:40]!r}") from None
     if jobs <= 0:
         raise CliError(f"--jobs must be a positive integer, not {jobs}")
-    return jobs
+    return min(jobs, MAX_JOBS)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -239,6 +240,8 @@ class LocalRuntime:
         self._sandbox_kind: str | None = None
         self._isolation: isolation.Isolation | None = None
         self._standby: _Standby | None = None  # a prestarted evaluator (prestart_evaluator)
+        # the run's tasks open their evaluators side by side, each from a worker thread
+        self._standby_lock = threading.Lock()
 
     @property
     def sandbox_kind(self) -> str:
@@ -280,20 +283,23 @@ class LocalRuntime:
         """Start an evaluator process ahead (``ale-evaluator standby``) so that the next
         open_evaluator does not wait for its code to load. Best effort: if it cannot start,
         open_evaluator starts one itself and reports the error."""
-        if self._standby is None or self._standby.process.poll() is not None:
-            try:
-                self._standby = _Standby.spawn()
-            except OSError:
-                self._standby = None
+        with self._standby_lock:
+            if self._standby is None or self._standby.process.poll() is not None:
+                try:
+                    self._standby = _Standby.spawn()
+                except OSError:
+                    self._standby = None
 
     def close(self) -> None:
         """Stop a prestarted evaluator nobody took (it ends by itself when this process does)."""
-        standby, self._standby = self._standby, None
+        with self._standby_lock:
+            standby, self._standby = self._standby, None
         if standby is not None:
             standby.discard()
 
     def _take_standby(self) -> _Standby:
-        standby, self._standby = self._standby, None
+        with self._standby_lock:  # one task takes it; another starting at once starts its own
+            standby, self._standby = self._standby, None
         if standby is not None and standby.process.poll() is None:
             return standby
         if standby is not None:

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from ale.runner.gateway_proc import Upstream
 
 
+#: ``--jobs`` above this is this (no run has as many tasks; the figure stays a safe JSON integer)
+MAX_JOBS = 1024
+
+
 @attrs.frozen
 class RetryPolicy:
     """How a failed start (a gateway, an evaluator, a sandbox: ale.runner.retry) is tried again: at
