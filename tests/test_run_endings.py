@@ -171,6 +171,7 @@ def test_a_bundle_of_an_older_harness_without_ended_is_accepted(ended_bundle: di
         if e["kind"] == "task_finished":
             del e["data"]["ended"]
     files = h.with_events(ended_bundle, h.rehash(copy.deepcopy(events)))
+
     def drop(document: dict[str, Any]) -> None:
         del document["tasks"][0]["ended"]
 

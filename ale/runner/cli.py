@@ -214,7 +214,8 @@ def _report(record: Any, run_score: Any, key_path: Path | None) -> None:
 
     for o in record.outcomes:
         if o.status != "completed":
-            print(f"{o.task.spec.ref}: not completed: {o.reason}", file=sys.stderr)
+            ended = "" if o.ended is None else f" ({o.ended.phase}: {o.ended.category})"
+            print(f"{o.task.spec.ref}: not completed{ended}: {o.reason}", file=sys.stderr)
     for line in bundle_writer.summary_lines(run_score):
         print(line, file=sys.stderr)
     for line in bundle_writer.judge_lines(record):
