@@ -723,8 +723,8 @@ class PrestartRecordingRuntime(LocalRuntime):
         self.prestarted: list[int] = []
         self.served: list[int] = []
 
-    def prestart_evaluator(self) -> None:
-        super().prestart_evaluator()
+    def prestart_evaluator(self, count: int = 1) -> None:
+        super().prestart_evaluator(count)
         assert self._standby is not None
         self.prestarted.append(self._standby.process.pid)
 

@@ -278,7 +278,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     agent = _agent(args)
     upstreams = _upstreams(args)
     out_dir = _writable_out(args)
-    runtime.prestart_evaluator()  # its code loads while the harness's does
+    runtime.prestart_evaluator(min(jobs or 1, len(tasks)))  # their code loads while the harness's does
     try:
         made = _make_bundle(
             args, runtime, (manifest, digest, name), tasks, out_dir, agent, upstreams, judge, jobs=jobs or 1,
@@ -370,7 +370,7 @@ def _resume(args: argparse.Namespace) -> int:
         release_source=raw, state_parent=folder.parent, resume=kept.run_id,
     )  # fmt: skip
     print(f"resuming {kept.run_id}: {', '.join(options.tasks)} ({folder})", file=sys.stderr)
-    runtime.prestart_evaluator()
+    runtime.prestart_evaluator(min(options.jobs, len(options.tasks)))
     try:
         made = _execute(args, runtime, options, out_dir, doc.site_recipient)
     finally:

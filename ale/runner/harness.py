@@ -254,21 +254,26 @@ class Harness:
         self, root: Path, private: Path, rec: Recorder, outcomes: list[TaskOutcome], scope: trio.CancelScope
     ) -> None:
         """Start the tasks as the admission rule lets them, and place each in turn once it finished."""
-        ctx = RunContext(
-            options=self.options, runtime=self.runtime, progress=self.progress, run_id=self.run_id, root=root,
-            private=private, agent_env=self._agent_env,
-            waiting=lambda: any(not s.started and s.reused is None for s in self._slots),
-        )  # fmt: skip
         offer, demand = schedule.machine(), schedule.Demand.of(self.options.limits)
         admission = schedule.Admission(self.options.jobs, offer)
         to_run = sum(1 for s in self._slots if s.reused is None)
+        at_once = schedule.concurrency(self.options.jobs, to_run, demand, offer)
+
+        def waiting() -> int:  # tasks that wait to start, as many as may start at once
+            return min(at_once, sum(1 for s in self._slots if not s.started and s.reused is None))
+
+        ctx = RunContext(
+            options=self.options, runtime=self.runtime, progress=self.progress, run_id=self.run_id, root=root,
+            private=private, agent_env=self._agent_env, waiting=waiting,
+        )  # fmt: skip
         if to_run > 1 and self.options.jobs > 1:
-            at_once = schedule.concurrency(self.options.jobs, to_run, demand, offer)
             self.progress.note(
                 f"running up to {at_once} of {to_run} tasks at once (--jobs {self.options.jobs}; this machine offers "
                 f"{offer.describe()}, each task's sandbox may take {demand.cpus:g} CPUs and "
                 f"{demand.memory_bytes / schedule.GIB:.1f} GiB)"
             )
+        if at_once > 1:  # the first tasks' evaluators load their code while the harness starts them
+            await trio.to_thread.run_sync(self.runtime.prestart_evaluator, at_once)
         async with trio.open_nursery() as runners:
             runners.start_soon(self._launch, ctx, admission, demand, runners, scope)
             for slot in self._slots:

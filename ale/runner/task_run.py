@@ -271,7 +271,7 @@ class RunContext:
     root: Path
     private: Path
     agent_env: Callable[[], Awaitable[agent_env.AgentEnv]]  # the agent's environment, once assembled
-    waiting: Callable[[], bool]  # whether another task waits to start (its evaluator can be prestarted)
+    waiting: Callable[[], int]  # how many tasks wait to start (their evaluators can be prestarted), at most
 
 
 class TaskRun:
@@ -351,8 +351,8 @@ class TaskRun:
                 await self._open(stack, rec, workspace, tails)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(tails[0].run)
-                    if ctx.waiting():  # the next task's evaluator loads its code while this one runs
-                        await trio.to_thread.run_sync(self.runtime.prestart_evaluator)
+                    if waiting := ctx.waiting():  # the next tasks' evaluators load their code while this one runs
+                        await trio.to_thread.run_sync(self.runtime.prestart_evaluator, waiting)
                     await self._phases(self._evaluator, tails[0], task_dir, workspace, rec, outcome)
                     nursery.cancel_scope.cancel()
         except OSError as exc:  # a workspace that would not unmount (the next run sweeps it)
