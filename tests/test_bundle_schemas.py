@@ -42,7 +42,7 @@ from ale.core.results import SCORES_SCHEMA, TASK_RESULTS_SCHEMA
 from ale.core.signing import DOMAIN, new_private_key_pem, sign_root, verify_root
 from ale.core.trajectory import EVENT_SCHEMA, GENESIS, PRODUCERS, ChainBuilder, verify_chain
 from ale.core.verify import check_files
-from ale.runner import bundle_writer, harness
+from ale.runner import bundle_writer, harness, retry, task_run
 from ale.schemas import validate_document
 from ale_evaluator.episodes import ABORT_REASONS
 from ale_evaluator.seeds import RunConfig, commitment, hidden_seed
@@ -182,7 +182,9 @@ def test_enumerations_follow_the_code() -> None:
     assert event["properties"]["producer"]["enum"] == list(PRODUCERS)
     defs = event["$defs"]
     harness_kinds = set(defs["trusted_harness"]["properties"]["kind"]["enum"])
-    emitted = set(re.findall(r'emit\(\s*"trusted_harness",\s*"([a-z_]+)"', Path(harness.__file__).read_text()))
+    sources = [Path(m.__file__).read_text() for m in (harness, task_run, retry)]
+    emitted = set(re.findall(r'emit\(\s*"trusted_harness",\s*"([a-z_]+)"', "".join(sources)))
+    assert {"task_ended_early", "infrastructure_retry", "task_finished"} <= emitted
     assert emitted <= harness_kinds == grammar.KINDS["trusted_harness"]  # the grammar is the closed list
     evaluator_source = "".join(p.read_text() for p in Path(ale_evaluator.__file__).parent.glob("*.py"))
     recorded = set(re.findall(r'\.record\(\s*"([a-z_]+)"', evaluator_source)) | {"rpc", "rpc_summary"}

@@ -124,7 +124,9 @@ def _compare_class(cls: type, schema: dict[str, Any], root: dict[str, Any], wher
     fields = [a.name for a in attrs.fields(cls)]
     assert schema.get("additionalProperties") is False, f"{where}: the schema allows other members"
     assert set(fields) == set(schema["properties"]), f"{where}: {sorted(fields)} vs {sorted(schema['properties'])}"
-    assert set(schema["required"]) == set(fields), f"{where}: every member is required"
+    optional = {a.name for a in attrs.fields(cls) if a.default is not attrs.NOTHING}
+    # every member is required but those added later with a default (absent in older documents)
+    assert set(schema["required"]) == set(fields) - optional, f"{where}: every member is required"
     for field in attrs.fields(cls):
         prop = _resolve(schema["properties"][field.name], root)
         if "const" in prop and hints[field.name] is type(prop["const"]):

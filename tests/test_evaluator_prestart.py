@@ -98,3 +98,30 @@ def test_a_prestart_that_cannot_spawn_leaves_the_error_to_open_evaluator(monkeyp
     monkeypatch.setattr(subprocess, "Popen", fail)
     runtime.prestart_evaluator()  # best effort: no exception here
     assert runtime._standby is None
+
+
+async def test_prestart_keeps_as_many_as_tasks_start_side_by_side_and_each_is_taken_once(tmp_path: Path) -> None:
+    """Two tasks starting at once each take a prestarted process of their own (under a lock, from
+    worker threads); a second call adds only what is missing."""
+    runtime = LocalRuntime()
+    runtime.prestart_evaluator(2)
+    assert runtime._standby is not None
+    pids = {runtime._standby.process.pid, *(s.process.pid for s in runtime._more)}
+    assert len(pids) == 2
+    runtime.prestart_evaluator(2)
+    assert {runtime._standby.process.pid, *(s.process.pid for s in runtime._more)} == pids
+    served: list[int] = []
+
+    async def serve(name: str) -> None:
+        folder = tmp_path / name
+        folder.mkdir()
+        async with runtime.open_evaluator(spec(folder)) as handle:
+            served.append(handle.process.pid)
+
+    async with trio.open_nursery() as nursery:
+        for name in ("a", "b"):
+            nursery.start_soon(serve, name)
+    assert sorted(served) == sorted(pids)
+    assert runtime._standby is None
+    assert runtime._more == []
+    runtime.close()

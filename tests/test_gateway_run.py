@@ -463,8 +463,9 @@ async def test_a_gateway_that_never_becomes_ready_fails_the_run(
     tmp_path: Path, run_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A gateway that refuses its configuration (here an upstream the harness's own check would have
-    refused: plain http to a public host), and one that never says it is ready: the run fails with
-    the gateway's own words, run_failed recorded, before any task starts."""
+    refused: plain http to a public host), and one that never says it is ready: its start is tried
+    three times, then the task ends early for the infrastructure and the run fails with the
+    gateway's own words, before the task's evaluator or agent starts."""
     from ale.runner import gateway_proc
     from ale.runner.gateway_proc import Upstream
     from ale.runner.harness import Harness, RunError
@@ -508,9 +509,18 @@ async def test_a_gateway_that_never_becomes_ready_fails_the_run(
 
 
 def _assert_failed_before_any_task(folder: Path, reason: str) -> None:
+    """The task's gateway was started three times (two retries recorded), then the task ended early
+    for it, before its evaluator or agent; the run failed for the infrastructure."""
     kept = sorted(folder.glob("*.incomplete.jsonl"), key=lambda p: p.stat().st_mtime)[-1]
     events = [json.loads(line) for line in kept.read_text().splitlines()]
-    assert [e["kind"] for e in events] == ["run_started", "run_failed"]
+    kinds = [e["kind"] for e in events]
+    assert kinds == ["run_started", "task_started", "infrastructure_retry", "infrastructure_retry",
+                     "task_ended_early", "task_finished", "run_failed"]  # fmt: skip
+    assert [e["data"]["what"] for e in events if e["kind"] == "infrastructure_retry"] == ["gateway_start"] * 2
+    ended = {"phase": "setup", "category": "infrastructure/gateway_start"}
+    assert {k: events[4]["data"][k] for k in ended} == ended
+    assert events[5]["data"]["ended"] == ended
+    assert reason in events[4]["data"]["reason"]
     assert reason in events[-1]["data"]["reason"]
     assert REAL_KEY not in kept.read_text()
     kept.unlink()

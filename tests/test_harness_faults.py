@@ -695,17 +695,21 @@ def _interrupt(base: Path, sig: int, marker: str) -> None:
         time.sleep(0.1)
     assert left == []
     assert took < KILL_GRACE_S + 10
-    # No bundle, no key.
-    assert not out.exists() or list(out.iterdir()) == []
+    # No bundle, no key: the run's state folder only (to resume it).
+    events = _kept_trajectory(cwd)
+    run_id = events[0]["data"]["run_id"]
+    assert [p.name for p in out.iterdir()] == [f"{run_id}.state"]
     assert stdout == b""
     assert "Traceback" not in err, err
     assert proc.returncode == 130, err
     assert "run interrupted; no bundle was written" in err
-    # The trajectory so far is kept in the working folder, a valid chain ending run_interrupted.
-    events = _kept_trajectory(cwd)
-    run_id = events[0]["data"]["run_id"]
+    assert f"ale run --resume {run_id} --out {out}" in err
+    # The trajectory so far is kept in the working folder, a valid chain ending run_interrupted; the
+    # task that was running ended early, cancelled in its agent phase.
     assert [p.name for p in cwd.iterdir()] == [f"{run_id}.incomplete.jsonl"]
-    assert events[-1]["kind"] == "run_interrupted"
+    assert [e["kind"] for e in events[-3:]] == ["task_ended_early", "task_finished", "run_interrupted"]
+    assert {k: events[-3]["data"][k] for k in ("phase", "category")} == {"phase": "agent", "category": "cancelled"}
+    assert events[-2]["data"]["ended"] == {"phase": "agent", "category": "cancelled"}
     assert events[-1]["producer"] == "trusted_harness"
     assert any(e["kind"] == "stdout" and e["data"]["text"] == marker for e in events)
     assert str(next(cwd.glob("*.incomplete.jsonl"))) in err
@@ -719,8 +723,8 @@ class PrestartRecordingRuntime(LocalRuntime):
         self.prestarted: list[int] = []
         self.served: list[int] = []
 
-    def prestart_evaluator(self) -> None:
-        super().prestart_evaluator()
+    def prestart_evaluator(self, count: int = 1) -> None:
+        super().prestart_evaluator(count)
         assert self._standby is not None
         self.prestarted.append(self._standby.process.pid)
 

@@ -299,9 +299,9 @@ async def test_concurrent_polls_of_the_evaluator_log_record_each_line_once(tmp_p
 def test_every_kind_the_harness_emits_is_in_the_grammar() -> None:
     """A new harness event kind must be a row of ale.core.grammar.RULES (or the recorder refuses it)."""
 
-    from ale.runner import harness, recorder
+    from ale.runner import harness, recorder, retry, task_run
 
-    source = Path(harness.__file__).read_text() + Path(recorder.__file__).read_text()
+    source = "".join(Path(m.__file__).read_text() for m in (harness, recorder, task_run, retry))
     emitted = set(re.findall(r'"trusted_harness",\s*"([a-z_]+)"', source))
     assert emitted <= grammar.KINDS["trusted_harness"], emitted - grammar.KINDS["trusted_harness"]
     assert grammar.KINDS["untrusted_agent"] >= harness.AGENT_EVENT_KINDS

@@ -150,7 +150,12 @@ def reference_verify(
         and e["producer"] == "trusted_network_proxy"
         and e["data"].get("gateway") != "judge"  # the judge's own gateway is not the agent's network
     )
+    task_ends = {
+        e["data"]["task"]: e["data"].get("ended")
+        for e in events
+        if (e["producer"], e["kind"]) == ("trusted_harness", "task_finished") and type(e["data"].get("task")) is str
+    }
     return ChainSummary(
         head, len(events), nonce, per_producer, kinds, first["wall_time"], events[-1]["wall_time"],
-        run_id if isinstance(run_id, str) else None, eval_results, totals, gateways,
+        run_id if isinstance(run_id, str) else None, eval_results, totals, gateways, task_ends,
     )  # fmt: skip

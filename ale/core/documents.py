@@ -21,6 +21,7 @@ from typing import Any, Literal
 import attrs
 
 from ale.core.parse import Scalar, non_negative
+from ale.core.results import Ended
 
 MANIFEST_SCHEMA = "ale-bundle-manifest/v1"
 FAITHFULNESS_SCHEMA = "ale-faithfulness/v2"
@@ -104,6 +105,7 @@ class ManifestTask:
     episodes_run: int = attrs.field(validator=non_negative)
     agent: AgentPhase
     network: PhaseNetwork
+    ended: Ended | None = None  # how a task that ended early ended (as its task_results.json entry says)
 
     @property
     def ref(self) -> str:

@@ -42,6 +42,7 @@ _OPEN_RUN = frozenset(range(RUN, JUDGE_DONE + 1))  # run_started seen, no termin
 _IN_TASK = frozenset(range(TASK, JUDGE_DONE + 1))
 _EVALUATOR_UP = frozenset(range(EVALUATOR, OFFICIAL_DONE + 1))  # the judge runs once the evaluator is stopped
 _SANDBOX = frozenset({AGENT, POLICY})
+_TASK_BODY = frozenset(range(TASK, OFFICIAL_DONE + 1))  # a task before its judge and its end
 _OFFICIAL_RUNNING = frozenset({OFFICIAL, ARTIFACT, POLICY, POLICY_DONE})
 
 # -- keys ------------------------------------------------------------------------------------------
@@ -119,6 +120,7 @@ RULES: Final[tuple[Rule, ...]] = (
     _h("policy_finished", {POLICY}, POLICY_DONE, TASK_KEY),
     _h("official_evaluation_finished", {ARTIFACT, POLICY_DONE}, OFFICIAL_DONE, TASK_KEY),
     _h("official_evaluation_skipped", {OFFICIAL, ARTIFACT, POLICY_DONE}, OFFICIAL_DONE, TASK_KEY),
+    _h("task_ended_early", _TASK_BODY, OFFICIAL_DONE, TASK_KEY),
     _h("judge_started", {OFFICIAL_DONE}, JUDGE, TASK_KEY),
     _h("judge_finished", {JUDGE}, JUDGE_DONE, TASK_KEY),
     _h("task_finished", {OFFICIAL_DONE, JUDGE_DONE}, RUN, TASK_KEY),
@@ -132,6 +134,7 @@ RULES: Final[tuple[Rule, ...]] = (
     _h("unreadable_gateway_event", _OPEN_RUN),
     _h("events_dropped", _EVALUATOR_UP),
     _h("refused_event", _OPEN_RUN),
+    _h("infrastructure_retry", _TASK_BODY),
     # the evaluator's log, relayed
     _e("evaluator_ready", _EVALUATOR_UP),
     _e("rpc", _EVALUATOR_UP),

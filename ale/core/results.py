@@ -22,6 +22,76 @@ SCORES_SCHEMA = "ale-score-breakdown/v1"
 #: Why an episode was aborted ("" when it was not): the evaluator's reasons, as the schema lists them.
 AbortReason = Literal["", "reset_mid_episode", "session_closed", "not_started", "policy_error", "evaluator_error"]
 
+#: Where a task that ended early was (docs/formats.md, "How a task ended"): setting up (its folders,
+#: gateway and evaluator), the agent phase, or the official evaluation.
+EndPhase = Literal["setup", "agent", "official"]
+END_PHASES: tuple[str, ...] = ("setup", "agent", "official")
+EndCategory = Literal[
+    "infrastructure/gateway_start",
+    "infrastructure/evaluator_start",
+    "infrastructure/sandbox_start",
+    "infrastructure/evaluator_died",
+    "infrastructure/gateway_died",
+    "infrastructure/evaluator_error",
+    "infrastructure/harness",
+    "agent/exit",
+    "agent/timeout",
+    "agent/env_steps",
+    "agent/disk",
+    "agent/no_policy",
+    "policy/load",
+    "evaluation/deadline",
+    "evaluation/incomplete",
+    "cancelled",
+]
+_ANY_PHASE = frozenset(END_PHASES)
+#: The closed set of why a task ended early, each with the phases it can end in (the order is the
+#: schema's). ``infrastructure/*`` is the harness's machinery, not the agent (retried when it is a
+#: start, docs/decisions.md); ``agent/*`` the agent phase's end when it left no policy; ``policy/load``
+#: a policy that cannot be evaluated; ``evaluation/*`` the official evaluation's own end; ``cancelled``
+#: a run interrupted while the task ran.
+END_CATEGORIES: Mapping[str, frozenset[str]] = {
+    "infrastructure/gateway_start": frozenset({"setup"}),
+    "infrastructure/evaluator_start": frozenset({"setup"}),
+    "infrastructure/sandbox_start": frozenset({"agent", "official"}),
+    "infrastructure/evaluator_died": frozenset({"agent", "official"}),
+    "infrastructure/gateway_died": frozenset({"agent"}),
+    "infrastructure/evaluator_error": frozenset({"official"}),
+    "infrastructure/harness": _ANY_PHASE,
+    "agent/exit": frozenset({"agent"}),
+    "agent/timeout": frozenset({"agent"}),
+    "agent/env_steps": frozenset({"agent"}),
+    "agent/disk": frozenset({"agent"}),
+    "agent/no_policy": frozenset({"agent"}),
+    "policy/load": frozenset({"official"}),
+    "evaluation/deadline": frozenset({"official"}),
+    "evaluation/incomplete": frozenset({"official"}),
+    "cancelled": _ANY_PHASE,
+}
+
+
+def is_infrastructure(category: str) -> bool:
+    """Whether a category is the harness's machinery failing (never the agent's doing)."""
+    return category.startswith("infrastructure/")
+
+
+def _category(inst: Ended, _attr: object, value: str) -> None:
+    if value not in END_CATEGORIES:
+        raise ValueError(f"category {value!r} is not one of {', '.join(END_CATEGORIES)}")
+    if inst.phase not in END_CATEGORIES[value]:
+        raise ValueError(f"category {value} is never recorded in phase {inst.phase!r}")
+
+
+@attrs.frozen
+class Ended:
+    """How a task that ended early ended: the phase it was in and why (a closed set)."""
+
+    phase: EndPhase = attrs.field(validator=attrs.validators.in_(END_PHASES))
+    category: EndCategory = attrs.field(validator=_category)
+
+    def entry(self) -> dict[str, str]:
+        return {"phase": self.phase, "category": self.category}
+
 
 def _finite(_inst: object, attr: attrs.Attribute[float], value: float) -> None:
     if not math.isfinite(value):
@@ -85,6 +155,7 @@ class TaskResult:
     status: Literal["completed", "not_completed"]
     reason: str  # why not completed, or a note on a completed one (aborted episodes); "" when none
     result: EvalResult | None
+    ended: Ended | None = None  # a not completed task's phase and category (absent in older bundles)
 
 
 @attrs.frozen
@@ -101,6 +172,8 @@ class ResultInconsistency(ValueError):
 def check_result(task: TaskResult) -> None:
     """Recompute what an EvalResult derives from its episodes; raise on any difference."""
     r = task.result
+    if task.ended is not None and task.status == "completed":
+        raise ResultInconsistency(f"{task.task}: a completed task did not end early ({task.ended.category})")
     if task.status == "not_completed":
         if r is not None and r.complete:
             raise ResultInconsistency(f"{task.task}: a complete result is marked not completed")

@@ -98,6 +98,20 @@ def _number(value: Any) -> str | None:
     return None
 
 
+def _tail(event: Mapping[str, Any], monotonic: str) -> bytes:
+    """The members after ``hash`` in RFC 8785's order, their values the chain's own (no escaping needed)."""
+    return (
+        f'"kind":"{event["kind"]}","monotonic":{monotonic},"prev_hash":"{event["prev_hash"]}",'
+        f'"producer":"{event["producer"]}","producer_sequence":{event["producer_sequence"]},'
+        f'"schema":"{EVENT_SCHEMA}","seq":{event["seq"]},"wall_time":"{event["wall_time"]}"}}'
+    ).encode()
+
+
+def _assemble(data: bytes, tail: bytes) -> tuple[str, bytes]:
+    digest = hashlib.sha256(b'{"data":' + data + b"," + tail).hexdigest()
+    return digest, b'{"data":' + data + b',"hash":"' + digest.encode() + b'",' + tail + b"\n"
+
+
 def _fast_line(event: dict[str, Any], prepared: Any | None) -> tuple[str, bytes] | None:
     """The event's hash and line, assembled member by member in RFC 8785's key order (data, hash,
     kind, monotonic, prev_hash, producer, producer_sequence, schema, seq, wall_time): only
@@ -112,13 +126,7 @@ def _fast_line(event: dict[str, Any], prepared: Any | None) -> tuple[str, bytes]
         data = orjson.dumps(prepared, option=ORJSON_OPTIONS)
     except orjson.JSONEncodeError:  # a lone surrogate, an integer orjson refuses: the reference decides
         return None
-    tail = (
-        f'"kind":"{event["kind"]}","monotonic":{monotonic},"prev_hash":"{event["prev_hash"]}",'
-        f'"producer":"{event["producer"]}","producer_sequence":{event["producer_sequence"]},'
-        f'"schema":"{EVENT_SCHEMA}","seq":{event["seq"]},"wall_time":"{event["wall_time"]}"}}'
-    ).encode()
-    digest = hashlib.sha256(b'{"data":' + data + b"," + tail).hexdigest()
-    return digest, b'{"data":' + data + b',"hash":"' + digest.encode() + b'",' + tail + b"\n"
+    return _assemble(data, _tail(event, monotonic))
 
 
 def _hash_and_line(event: dict[str, Any], prepared: Any | None = None) -> tuple[str, bytes]:
@@ -177,6 +185,33 @@ class ChainBuilder:
             raise ValueError(f"event of {len(line)} bytes exceeds the line limit of {MAX_LINE_BYTES}")
         return event, line
 
+    def adopt(self, line: bytes, event: Mapping[str, Any], *, monotonic: float) -> tuple[dict[str, Any], bytes]:
+        """The next event of this chain made of an event of another, verified chain (``event``, parsed
+        from its ``line``, without the newline): the same producer, kind, data and wall time, at
+        ``monotonic``; not yet taken (:meth:`commit` it). The data's bytes are the line's own (a
+        verified line is canonical); only the chain's members are new."""
+        if not math.isfinite(monotonic):
+            raise ValueError("monotonic time must be finite")
+        producer = event["producer"]
+        adopted: dict[str, Any] = {
+            "schema": EVENT_SCHEMA,
+            "seq": self.seq,
+            "producer": producer,
+            "producer_sequence": self.per_producer.get(producer, 0),
+            "wall_time": event["wall_time"],
+            "monotonic": monotonic,
+            "kind": event["kind"],
+            "data": event["data"],
+            "prev_hash": self.head,
+        }
+        cut = line.rfind(b',"hash":"')
+        number = _number(monotonic)
+        if not line.startswith(b'{"data":') or cut < 0 or number is None:
+            adopted["hash"], out = _hash_and_line(adopted)
+            return adopted, out
+        adopted["hash"], out = _assemble(line[8:cut], _tail(adopted, number))
+        return adopted, out
+
     def commit(self, event: Mapping[str, Any]) -> None:
         """Take the event :meth:`build` returned last: the chain moves past it."""
         if event["seq"] != self.seq or event["prev_hash"] != self.head:
@@ -209,6 +244,8 @@ class ChainSummary:
     #: the network totals (every member of ale.core.network.FIELDS) and each gateway_started's upstreams
     network: dict[str, int] = attrs.Factory(lambda: dict.fromkeys(netstats.FIELDS, 0))
     gateways: tuple[Any, ...] = ()
+    #: each task's ``task_finished`` ``ended`` (None where it has none), by task reference
+    task_ends: dict[str, Any] = attrs.Factory(dict)
 
 
 def parse_line(raw: bytes, number: int) -> dict[str, Any]:
@@ -411,6 +448,8 @@ class ChunkReport:
     #: the network totals of the chunk's events (ale.core.network.tally), and its gateway_started upstreams
     network: dict[str, int] = attrs.Factory(dict)
     gateways: list[Any] = attrs.Factory(list)
+    #: the ``ended`` of each task_finished in the chunk, by task
+    task_ends: dict[str, Any] = attrs.Factory(dict)
 
 
 def _chain_fault(
@@ -464,12 +503,13 @@ class _Scan:
         self.fault: Fault | None = None
         self.network: dict[str, int] = {}
         self.gateways: list[Any] = []
+        self.task_ends: dict[str, Any] = {}
 
     def report(self) -> ChunkReport:
         return ChunkReport(
             self.first_line, self.checked, self.first_seq, self.first_prev, self.head, self.first_of, self.counts,
             self.kinds, self.first_wall, self.last_wall, self.run_started, self.eval_results, self.fault, self.tokens,
-            self.network, self.gateways,
+            self.network, self.gateways, self.task_ends,
         )  # fmt: skip
 
     def _tally(self, producer: str, kind: str, data: dict[str, Any]) -> None:
@@ -604,10 +644,13 @@ class _Scan:
             session = data.get("session_id")
             if isinstance(session, str):
                 self.eval_results[session] = data
+        elif code == _TASK_FINISHED and type(key) is str:
+            self.task_ends[key] = data.get("ended")
         self.tokens.append((number, code, key))
 
 
 _EVAL_RESULT = grammar.CODES["trusted_evaluator"]["eval_result"]
+_TASK_FINISHED = grammar.CODES["trusted_harness"]["task_finished"]
 
 
 def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
@@ -655,6 +698,7 @@ class _Linker:
         self.tokens: list[Token] = []
         self.network = dict.fromkeys(netstats.FIELDS, 0)
         self.gateways: list[Any] = []
+        self.task_ends: dict[str, Any] = {}
 
     def add(self, report: ChunkReport) -> None:
         """Check the report against what precedes it (raising the first fault), then take it in."""
@@ -674,6 +718,7 @@ class _Linker:
         for kind, count in report.kinds.items():
             self.kinds[kind] = self.kinds.get(kind, 0) + count
         self.eval_results.update(report.eval_results)
+        self.task_ends.update(report.task_ends)
         netstats.add(self.network, report.network)
         self.gateways += report.gateways
         self.run_started = report.run_started if report.run_started is not None else self.run_started
@@ -724,6 +769,7 @@ class _Linker:
         return ChainSummary(
             self.head, self.total, nonce, self.per_producer, self.kinds, self.first, self.last,
             run_id if isinstance(run_id, str) else None, self.eval_results, dict(self.network), tuple(self.gateways),
+            self.task_ends,
         )  # fmt: skip
 
 

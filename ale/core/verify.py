@@ -250,7 +250,7 @@ def check_network(docs: Documents, chain: ChainSummary) -> None:
             f"{k} {claimed[k]} (trajectory: {recomputed[k]})" for k in claimed if claimed[k] != recomputed[k]
         )
         raise VerificationError(Reason.NETWORK_MISMATCH, f"network_summary.json's totals differ: {differ}")
-    _check_proxy(summary, chain.gateways)
+    _check_proxy(summary, chain.gateways, len(docs.manifest.tasks))
     phases = converter.unstructure(summary.phases)
     expected = {"agent": "open", "official": "closed"} if chain.gateways else {"agent": "none", "official": "none"}
     if phases != expected or any(converter.unstructure(t.network) != phases for t in docs.manifest.tasks):
@@ -259,9 +259,15 @@ def check_network(docs: Documents, chain: ChainSummary) -> None:
         )
 
 
-def _check_proxy(summary: NetworkSummary, gateways: tuple[Any, ...]) -> None:
-    if len(gateways) > 1:
-        raise VerificationError(Reason.NETWORK_MISMATCH, "the trajectory has more than one gateway_started")
+def _check_proxy(summary: NetworkSummary, gateways: tuple[Any, ...], tasks: int) -> None:
+    """A proxy exactly when a gateway started: one per task at most (each task has its own), all of
+    them forwarding to the same upstreams, the summary's."""
+    if len(gateways) > max(1, tasks):
+        raise VerificationError(
+            Reason.NETWORK_MISMATCH, f"the trajectory has {len(gateways)} gateway_started events for {tasks} tasks"
+        )
+    if any(g != gateways[0] for g in gateways):
+        raise VerificationError(Reason.NETWORK_MISMATCH, "the tasks' gateways name different upstreams")
     if (summary.proxy is None) != (not gateways):
         had = "a gateway" if gateways else "no gateway"
         raise VerificationError(
@@ -330,6 +336,7 @@ def check_results_in_trajectory(docs: Documents, chain: ChainSummary) -> None:
         raise VerificationError(
             Reason.INCONSISTENT_RESULTS, "the results do not belong to the run the trajectory records"
         )
+    _check_endings(docs, chain)
     for t in docs.results.tasks:
         r = t.result
         if t.status != "completed" or r is None:
@@ -343,6 +350,21 @@ def check_results_in_trajectory(docs: Documents, chain: ChainSummary) -> None:
         if recorded != (r.complete, r.headline_value, r.passed_episodes):
             raise VerificationError(
                 Reason.INCONSISTENT_RESULTS, f"{t.task}: the result differs from what the evaluator logged"
+            )
+
+
+def _check_endings(docs: Documents, chain: ChainSummary) -> None:
+    """How each task ended early, where it did: the same in task_results.json, in the manifest and
+    in the trajectory's task_finished (docs/formats.md, "How a task ended early"; a bundle of an
+    older harness has it in none of them)."""
+    manifest = {t.ref: t.ended for t in docs.manifest.tasks}
+    for t in docs.results.tasks:
+        recorded = chain.task_ends.get(t.task)
+        ended = None if t.ended is None else t.ended.entry()
+        if manifest.get(t.task) != t.ended or recorded != ended:
+            raise VerificationError(
+                Reason.INCONSISTENT_RESULTS,
+                f"{t.task}: how the task ended differs between task_results.json, the manifest and the trajectory",
             )
 
 

@@ -114,6 +114,7 @@ def manifest_json(record: RunRecord) -> dict[str, Any]:
                 "episodes_run": o.episodes,
                 "agent": o.agent,
                 "network": o.network,
+                "ended": None if o.ended is None else o.ended.entry(),
             }
             for o in record.outcomes
         ],

@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+import attrs
 import trio
 
 from ale import __version__, catalog
 from ale.judge import cli as judge_cli
 from ale.runner import agent_env, runtimes
-from ale.runner.options import AgentSpec
+from ale.runner.options import MAX_JOBS, AgentSpec
 from ale.runner.runtime import Runtime
 
 if TYPE_CHECKING:
@@ -69,21 +70,29 @@ def _agent(args: argparse.Namespace) -> AgentSpec:
 
 
 def _release(args: argparse.Namespace) -> tuple[ReleaseManifest, str, str]:
-    from ale.core.parse import ParseError
-    from ale.core.release import parse_release
+    manifest, digest, name, _raw = _release_and_bytes(args)
+    return manifest, digest, name
 
+
+def _release_and_bytes(args: argparse.Namespace) -> tuple[ReleaseManifest, str, str, bytes]:
     try:
         raw = Path(args.release_file).read_bytes() if args.release_file else catalog.release_bytes(args.release)
     except OSError as exc:
         raise CliError(f"cannot read the release manifest: {exc}") from None
     except FileNotFoundError as exc:
         raise CliError(str(exc)) from None
+    manifest, digest = _parse_release(raw)
+    return manifest, digest, manifest.release, raw
+
+
+def _parse_release(raw: bytes) -> tuple[ReleaseManifest, str]:
+    from ale.core.parse import ParseError
+    from ale.core.release import parse_release
+
     try:
-        manifest, digest = parse_release(raw)
+        return parse_release(raw)
     except ParseError as exc:
         raise CliError(str(exc)) from None
-    name = manifest.release
-    return manifest, digest, name
 
 
 def _check_recipients(recipients: list[str]) -> None:
@@ -205,7 +214,8 @@ def _report(record: Any, run_score: Any, key_path: Path | None) -> None:
 
     for o in record.outcomes:
         if o.status != "completed":
-            print(f"{o.task.spec.ref}: not completed: {o.reason}", file=sys.stderr)
+            ended = "" if o.ended is None else f" ({o.ended.phase}: {o.ended.category})"
+            print(f"{o.task.spec.ref}: not completed{ended}: {o.reason}", file=sys.stderr)
     for line in bundle_writer.summary_lines(run_score):
         print(line, file=sys.stderr)
     for line in bundle_writer.judge_lines(record):
@@ -240,36 +250,132 @@ def _runtime(name: str) -> Runtime:
         raise CliError(f"--runtime: {exc}") from None
 
 
+def _jobs(args: argparse.Namespace) -> int | None:
+    """``--jobs N``: a positive integer (more than the run's tasks or the machine holds is fine: the
+    harness runs no more than those, ale.runner.schedule)."""
+    text = getattr(args, "jobs", None)
+    if text is None:
+        return None
+    try:
+        jobs = int(text)
+    except ValueError:
+        raise CliError(f"--jobs must be a positive integer, not {text[:40]!r}") from None
+    if jobs <= 0:
+        raise CliError(f"--jobs must be a positive integer, not {jobs}")
+    return min(jobs, MAX_JOBS)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.resume is not None:
+        return _resume(args)
+    jobs = _jobs(args)
     judge = judge_cli.judge_options(args)  # refused before anything starts
+    if judge is not None:
+        judge = attrs.evolve(judge, key_env=judge_cli.JUDGE_KEY_ENV if args.judge_upstream else "OPENAI_API_KEY")
     runtime = _runtime(args.runtime)
-    manifest, digest, name = _release(args)
+    manifest, digest, name, raw = _release_and_bytes(args)
     tasks = _run_tasks(args, manifest)
     agent = _agent(args)
     upstreams = _upstreams(args)
     out_dir = _writable_out(args)
-    runtime.prestart_evaluator()  # its code loads while the harness's does
+    runtime.prestart_evaluator(min(jobs or 1, len(tasks)))  # their code loads while the harness's does
     try:
-        return _run(args, runtime, (manifest, digest, name), tasks, out_dir, agent, upstreams, judge)
+        made = _make_bundle(
+            args, runtime, (manifest, digest, name), tasks, out_dir, agent, upstreams, judge, jobs=jobs or 1,
+            release_source=raw,
+        )  # fmt: skip
     finally:
         runtime.close()
+    return _printed(made)
 
 
-def _run(
-    args: argparse.Namespace,
-    runtime: Runtime,
-    release: tuple[Any, str, str],
-    tasks: list[str],
-    out_dir: Path,
-    agent: AgentSpec,
-    upstreams: Any,
-    judge: Any = None,
-) -> int:
-    made = _make_bundle(args, runtime, release, tasks, out_dir, agent, upstreams, judge)
+def _printed(made: Path | int) -> int:
     if isinstance(made, int):
         return made
     print(made)
     return 0
+
+
+#: ``ale run``'s options that say what the run is, with their defaults: --resume takes them from the run
+RUN_DEFINING = {
+    "tasks": [], "all": False, "agent": "demo", "agent_cmd": None, "agent_name": None, "agent_package": None,
+    "model": None, "effort": None, "episodes": None, "agent_time": None, "site": None, "token": None,
+    "llm_upstream": None, "no_llm_environment": False, "runtime": runtimes.DEFAULT, "judge_model": None,
+    "judge_upstream": None, "release": catalog.DEFAULT_RELEASE, "release_file": None,
+}  # fmt: skip
+
+
+def _state_folder(run: str, out_dir: Path) -> Path:
+    """The state folder ``--resume RUN`` names: a run id's in the --out folder, or a folder given."""
+    from ale.runner import state
+
+    if "/" in run or run.endswith(state.SUFFIX):
+        folder = Path(run)
+    elif state.RUN_ID.fullmatch(run) is None:
+        raise CliError(f"--resume {run[:80]!r}: not a run id (run-...) nor a run's state folder")
+    else:
+        folder = state.folder_for(out_dir, run)
+    if not folder.is_dir():
+        raise CliError(f"no run to resume at {folder} (a run keeps its state in the --out folder it was started with)")
+    return folder
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """``ale run --resume RUN``: the run continued as it was started (ale.runner.resume)."""
+    from ale.core.parse import ParseError
+    from ale.runner import gateway_proc, resume, state
+    from ale.runner.options import RunOptions
+
+    given = [
+        "task names" if name == "tasks" else f"--{name.replace('_', '-')}"
+        for name, default in RUN_DEFINING.items()
+        if getattr(args, name, default) not in (default, None, [])
+    ]
+    if given:
+        raise CliError(f"--resume continues the run as it was started: {', '.join(given)} cannot be given with it")
+    jobs = _jobs(args)
+    out_dir = _writable_out(args)
+    folder = _state_folder(args.resume, out_dir)
+    try:
+        kept = state.load(folder)
+        doc = resume.parse(kept.run["options"])
+    except (state.StateError, ParseError) as exc:
+        raise CliError(f"cannot resume from {folder}: {exc}") from None
+    if doc.release.manifest is not None:
+        manifest, digest = _parse_release(doc.release.manifest.encode())
+        raw = doc.release.manifest.encode()
+    else:
+        try:
+            raw = catalog.release_bytes(doc.release.name)
+        except (OSError, FileNotFoundError) as exc:
+            raise CliError(f"the run's release {doc.release.name!r} cannot be read: {exc}") from None
+        manifest, digest = _parse_release(raw)
+    if digest != doc.release.sha256:
+        raise CliError(f"the run's release manifest is not the one it started with ({doc.release.sha256})")
+    for ref in doc.tasks:
+        _run_tasks(argparse.Namespace(tasks=[ref], all=False), manifest)
+    try:
+        restored = resume.restore(doc, os.environ, jobs=jobs)
+    except (gateway_proc.UpstreamError, ValueError) as exc:
+        raise CliError(f"cannot resume {kept.run_id}: {exc}") from None
+    gateway_proc.forget_keys(restored["upstreams"], os.environ)
+    judge = restored["judge"]
+    if getattr(args, "judge_key", None):
+        if judge is None:
+            raise CliError("--judge-key: the run has no judge (--judge-model)")
+        judge = attrs.evolve(judge, signing_key=judge_cli._signing_key(args.judge_key))
+    runtime = _runtime(doc.runtime)
+    options = RunOptions(
+        **{**restored, "judge": judge}, release=manifest, release_sha256=digest, release_name=manifest.release,
+        release_source=raw, state_parent=folder.parent, resume=kept.run_id,
+    )  # fmt: skip
+    print(f"resuming {kept.run_id}: {', '.join(options.tasks)} ({folder})", file=sys.stderr)
+    runtime.prestart_evaluator(min(options.jobs, len(options.tasks)))
+    try:
+        made = _execute(args, runtime, options, out_dir, doc.site_recipient)
+    finally:
+        runtime.close()
+    return _printed(made)
 
 
 def _make_bundle(
@@ -281,16 +387,16 @@ def _make_bundle(
     agent: AgentSpec,
     upstreams: Any,
     judge: Any = None,
+    *,
+    jobs: int = 1,
+    release_source: bytes = b"",
 ) -> Path | int:
     """Run and write the bundle: its path, or the exit status of a run that wrote none."""
-    from ale.runner.harness import Harness
     from ale.runner.options import RunOptions
-    from ale.runner.progress import LiveProgress, PlainProgress
 
     manifest, digest, name = release
     _check_recipients(args.recipient or ([os.environ["ALE_RECIPIENT"]] if os.environ.get("ALE_RECIPIENT") else []))
     site_recipient, nonce, challenge_token = _site_challenge(args)
-    runner_key = _runner_key(args)
     options = RunOptions(
         tasks=tuple(tasks),
         agent=agent,
@@ -303,9 +409,25 @@ def _make_bundle(
         challenge_token=challenge_token,
         upstreams=upstreams,
         judge=judge,
+        jobs=jobs,
+        state_parent=out_dir,
+        release_source=release_source,
+        site_recipient=site_recipient,
     )
+    return _execute(args, runtime, options, out_dir, site_recipient)
+
+
+def _execute(
+    args: argparse.Namespace, runtime: Runtime, options: Any, out_dir: Path, site_recipient: str | None
+) -> Path | int:
+    """Run ``options`` and write the bundle: its path, or the exit status of a run that wrote none."""
+    from ale.runner.harness import Harness
+    from ale.runner.progress import LiveProgress, PlainProgress
+
+    _check_recipients(args.recipient or ([os.environ["ALE_RECIPIENT"]] if os.environ.get("ALE_RECIPIENT") else []))
+    runner_key = _runner_key(args)
     plain = args.plain or not sys.stderr.isatty() or os.environ.get("CI")
-    progress = PlainProgress() if plain else LiveProgress(tasks)
+    progress = PlainProgress() if plain else LiveProgress(list(options.tasks))
     record, status = _drive(Harness(options, runtime, progress), progress)
     if record is None:
         return status
@@ -318,6 +440,8 @@ def _make_bundle(
         else:
             recipients, key_path = _recipients(args, out_dir, record.run_id)
         path, run_score = bundle_writer.write_bundle(record, recipients, out_dir, runner_key=runner_key)
+        if record.state is not None:
+            record.state.bundle_written(path)
     finally:
         progress.close()
         shutil.rmtree(record.root, ignore_errors=True)
@@ -487,6 +611,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--runner-key", help="a registered runner's Ed25519 private key (PEM): sign the bundle")
     add_llm_arguments(run)
     run.add_argument("--plain", action="store_true", help="plain progress lines instead of a live display")
+    run.add_argument(
+        "--jobs",
+        metavar="N",
+        help="run up to N tasks side by side (default 1), and never more than this machine's CPUs and memory "
+        "hold for each task's sandbox limits (docs/decisions.md)",
+    )
+    run.add_argument(
+        "--resume",
+        metavar="RUN",
+        help="continue an interrupted or failed run (its id: the state folder RUN.state in --out; or that "
+        "folder): its finished tasks are not run again; the run's own options are taken from its state",
+    )
     run.add_argument(
         "--runtime",
         default=runtimes.DEFAULT,

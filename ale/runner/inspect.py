@@ -104,6 +104,7 @@ def _task_json(t: Any) -> dict[str, Any]:
         "task": t.task,
         "status": t.status,
         "reason": t.reason,
+        "ended": None if t.ended is None else t.ended.entry(),
         "headline": None if r is None else {r.headline_metric: r.headline_value},
         "passed_episodes": None if r is None else r.passed_episodes,
         "episodes": None if r is None else r.num_episodes,
@@ -216,6 +217,8 @@ def _write_text(doc: Mapping[str, Any], out: TextIO) -> None:
     out.write(", ".join(f"{k} {v}" for k, v in sorted(doc["trajectory"]["per_producer"].items())) + "\n")
     for t in doc["tasks"]:
         line = f"  {t['task']}: {t['status']}"
+        if t["ended"]:
+            line += f" in {t['ended']['phase']}: {t['ended']['category']}"
         if t["headline"]:
             ((metric, value),) = t["headline"].items()
             line += f", {metric} = {value:.4g}, passed {t['passed_episodes']}/{t['episodes']}"

@@ -6,7 +6,8 @@ so a run on a machine without one says so instead of running weaker in silence:
 
 * ``seccomp``: the system-call filter (:mod:`ale.runner.seccomp`);
 * ``cgroup``: one cgroup per sandbox with memory, pids and CPU limits (:mod:`ale.runner.cgroups`);
-* ``uid``: a uid of the run's own (:mod:`ale.runner.uids`), as root;
+* ``uid``: a uid of the run's own (:mod:`ale.runner.uids`), as root, and one more for each task that runs
+  beside another (:meth:`Isolation.uid_for`);
 * ``filesystems``: workspace and /tmp on size- and inode-limited tmpfs (:mod:`ale.runner.sandbox_fs`).
 
 :meth:`Isolation.open_sandbox` makes one sandbox's cgroup and /tmp and removes them after;
@@ -57,10 +58,38 @@ class Isolation:
     uid_claim: uids.Claim | None
     missing: dict[str, str] = attrs.field(factory=dict)  # facility -> why it is not in force
     _workspaces: set[Path] = attrs.field(factory=set)
+    _uid_of: dict[Path, uids.Claim] = attrs.field(factory=dict)  # each open workspace's uid (its task's)
+    _spare: list[uids.Claim] = attrs.field(factory=list)  # uids of workspaces gone, for the next ones
 
     @property
     def uid(self) -> int:
         return self.uid_claim.uid if self.uid_claim is not None else SANDBOX_UID
+
+    def uid_for(self, workspace: Path) -> int:
+        """The uid of the sandboxes of the task whose workspace this is: each task that runs beside
+        another has a uid of its own (its RLIMIT_NPROC count, its files), the run's first one's."""
+        claim = self._uid_of.get(workspace)
+        return claim.uid if claim is not None else self.uid
+
+    def _claim(self, workspace: Path) -> None:
+        if self.uid_claim is None:
+            return
+        taken = {c.uid for c in self._uid_of.values()}
+        if self.uid_claim.uid not in taken:
+            claim = self.uid_claim
+        elif self._spare:
+            claim = self._spare.pop()
+        else:
+            try:
+                claim = uids.claim()
+            except (uids.NoFreeUid, OSError):
+                claim = self.uid_claim  # shared, as a run's one uid was before
+        self._uid_of[workspace] = claim
+
+    def _unclaim(self, workspace: Path) -> None:
+        claim = self._uid_of.pop(workspace, None)
+        if claim is not None and claim is not self.uid_claim and claim not in self._uid_of.values():
+            self._spare.append(claim)
 
     def describe(self) -> dict[str, Any]:
         def entry(name: str, details: dict[str, Any] | None) -> dict[str, Any]:
@@ -89,7 +118,7 @@ class Isolation:
         try:
             with _as_sandbox_error():
                 cg, tmp_dir = self._make(spec)
-            yield SandboxResources(uid=self.uid, tmp_dir=tmp_dir, cgroup=cg)
+            yield SandboxResources(uid=self.uid_for(spec.workspace), tmp_dir=tmp_dir, cgroup=cg)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(self._release, cg, tmp_dir)
@@ -110,11 +139,12 @@ class Isolation:
                     tmp_dir,
                     size_bytes=lim.tmp_bytes,
                     inodes=sandbox_fs.inodes_for(lim.tmp_bytes),
-                    uid=self.uid,
+                    uid=self.uid_for(spec.workspace),
                     mode=0o1777,
                 )
             if self.uid_claim is not None and spec.workspace_writable and spec.workspace not in self._workspaces:
-                os.chown(spec.workspace, self.uid, self.uid)  # a host folder the harness made for nobody
+                uid = self.uid_for(spec.workspace)
+                os.chown(spec.workspace, uid, uid)  # a host folder the harness made for nobody
         except BaseException:
             self._release(cg, tmp_dir)
             raise
@@ -132,23 +162,28 @@ class Isolation:
 
     @asynccontextmanager
     async def open_workspace(self, workspace: Path, limits: Limits) -> AsyncIterator[None]:
-        """The task's workspace on its own tmpfs (size and inodes limited) while the context lasts."""
-        if not self.mounts:
-            yield
-            return
-        sandbox_fs.mount_tmpfs(
-            workspace,
-            size_bytes=limits.workspace_bytes,
-            inodes=sandbox_fs.inodes_for(limits.workspace_bytes),
-            uid=self.uid,
-            mode=0o755,
-        )
-        self._workspaces.add(workspace)
+        """The task's workspace on its own tmpfs (size and inodes limited) while the context lasts,
+        owned by the task's uid (:meth:`uid_for`)."""
+        await trio.to_thread.run_sync(self._claim, workspace)
         try:
-            yield
+            if not self.mounts:
+                yield
+                return
+            sandbox_fs.mount_tmpfs(
+                workspace,
+                size_bytes=limits.workspace_bytes,
+                inodes=sandbox_fs.inodes_for(limits.workspace_bytes),
+                uid=self.uid_for(workspace),
+                mode=0o755,
+            )
+            self._workspaces.add(workspace)
+            try:
+                yield
+            finally:
+                self._workspaces.discard(workspace)
+                sandbox_fs.unmount(workspace)
         finally:
-            self._workspaces.discard(workspace)
-            sandbox_fs.unmount(workspace)
+            self._unclaim(workspace)
 
 
 @contextlib.contextmanager

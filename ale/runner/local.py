@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -238,7 +239,10 @@ class LocalRuntime:
     def __init__(self) -> None:
         self._sandbox_kind: str | None = None
         self._isolation: isolation.Isolation | None = None
-        self._standby: _Standby | None = None  # a prestarted evaluator (prestart_evaluator)
+        self._standby: _Standby | None = None  # a prestarted evaluator (prestart_evaluator), the next taken
+        self._more: list[_Standby] = []  # more of them, for tasks starting side by side
+        # the run's tasks open their evaluators side by side, each from a worker thread
+        self._standby_lock = threading.Lock()
 
     @property
     def sandbox_kind(self) -> str:
@@ -276,24 +280,35 @@ class LocalRuntime:
             "code": code_digest(),
         }
 
-    def prestart_evaluator(self) -> None:
-        """Start an evaluator process ahead (``ale-evaluator standby``) so that the next
-        open_evaluator does not wait for its code to load. Best effort: if it cannot start,
-        open_evaluator starts one itself and reports the error."""
-        if self._standby is None or self._standby.process.poll() is not None:
-            try:
-                self._standby = _Standby.spawn()
-            except OSError:
-                self._standby = None
+    def prestart_evaluator(self, count: int = 1) -> None:
+        """Keep ``count`` evaluator processes started ahead (``ale-evaluator standby``), so that the
+        next ``count`` open_evaluator calls (tasks starting side by side) do not wait for their code
+        to load. Best effort: if one cannot start, open_evaluator starts one itself and reports the
+        error. Called again, it adds only what is missing."""
+        with self._standby_lock:
+            alive = [s for s in (self._standby, *self._more) if s is not None and s.process.poll() is None]
+            dead = [s for s in (self._standby, *self._more) if s is not None and s not in alive]
+            while len(alive) < max(1, count):
+                try:
+                    alive.append(_Standby.spawn())
+                except OSError:
+                    break
+            self._standby, self._more = (alive[0] if alive else None), alive[1:]
+        for standby in dead:
+            standby.discard()
 
     def close(self) -> None:
-        """Stop a prestarted evaluator nobody took (it ends by itself when this process does)."""
-        standby, self._standby = self._standby, None
-        if standby is not None:
+        """Stop the prestarted evaluators nobody took (they end by themselves when this process does)."""
+        with self._standby_lock:
+            left = [s for s in (self._standby, *self._more) if s is not None]
+            self._standby, self._more = None, []
+        for standby in left:
             standby.discard()
 
     def _take_standby(self) -> _Standby:
-        standby, self._standby = self._standby, None
+        with self._standby_lock:  # one task takes each; one starting when none is left starts its own
+            standby = self._standby
+            self._standby, self._more = (self._more[0], self._more[1:]) if self._more else (None, [])
         if standby is not None and standby.process.poll() is None:
             return standby
         if standby is not None:

@@ -1,8 +1,9 @@
-"""A run's network: the LLM gateway (one per run), its log's tail, and its policy per phase.
+"""A task's network: its LLM gateway (one per task), its log's tail, and its policy per phase.
 
-Without upstreams a run has no network at all (every sandbox ``Network.NONE``). With them,
-:func:`open_network` starts the gateway closed and relays its log into the trajectory
-(:class:`~ale.runner.tails.GatewayTail`); each task's agent phase is bracketed by
+Without upstreams a run has no network at all (every sandbox ``Network.NONE``). With them, each
+task's :func:`open_network` starts a gateway of the task's own, closed, with the task's own token
+budgets, and relays its log into the task's recorder (:class:`~ale.runner.tails.GatewayTail`);
+the task's agent phase is bracketed by
 :meth:`RunNetwork.open_for` (policy open, the ``gateway`` channels charged to the task) and
 :meth:`RunNetwork.close_for` (policy closed, in-flight requests cut and recorded); the official
 evaluation runs with the gateway closed and its sandbox not attached to it at all. Each boundary
@@ -118,11 +119,10 @@ class RunNetwork:
         return f"{usage['input_tokens']}+{usage['output_tokens']} LLM tokens"
 
 
-def budgets(llm_tokens: Sequence[int]) -> dict[str, int | None]:
-    """The gateway's budgets for a run of tasks with these LLM token budgets (docs/decisions.md):
-    their sum bounds the input tokens and, separately, the output tokens; requests are not limited."""
-    total = sum(llm_tokens)
-    return {"requests": None, "input_tokens": total, "output_tokens": total}
+def budgets(llm_tokens: int) -> dict[str, int | None]:
+    """A task's gateway's budgets from the task's LLM token budget (docs/decisions.md): it bounds
+    the input tokens and, separately, the output tokens; requests are not limited."""
+    return {"requests": None, "input_tokens": llm_tokens, "output_tokens": llm_tokens}
 
 
 def proxy_description(upstreams: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -134,25 +134,29 @@ def proxy_description(upstreams: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 async def open_network(
     run_id: str,
     upstreams: Sequence[Upstream],
-    llm_tokens: Sequence[int],
+    llm_tokens: int,
     sockets: tuple[Path, Path],
-    private: Path,
+    events_path: Path,
     recorder: Recorder,
 ) -> AsyncIterator[RunNetwork | None]:
-    """The run's gateway while the context lasts (None without upstreams); its log drained after it
-    stops. ``sockets``: where its agent socket (in a folder made here) and control socket go."""
+    """A task's gateway while the context lasts (None without upstreams), with the task's LLM token
+    budget (``llm_tokens``); its log (at ``events_path``) drained after it stops. ``sockets``: where
+    its agent socket (in a folder made here) and control socket go. Whether the gateway is still
+    alive is the caller's to watch (:meth:`RunNetwork.alive`): its end stops it either way."""
     if not upstreams:
         yield None
         return
     agent_socket, control_socket = sockets  # (the gateway's agent socket, its control socket)
-    agent_socket.parent.mkdir(mode=0o700)  # the sandbox gets the socket bound in; nobody lists or reaches it here
+    agent_socket.parent.parent.mkdir(mode=0o700, exist_ok=True)
+    # the sandbox gets the socket bound in; nobody lists or reaches it here (a retried start reuses it)
+    agent_socket.parent.mkdir(mode=0o700, exist_ok=True)
     spec = GatewaySpec(
         run_id=run_id,
         upstreams=tuple(upstreams),
         budgets=budgets(llm_tokens),
         agent_socket=agent_socket,
         control_socket=control_socket,
-        events_path=private / "gateway.jsonl",
+        events_path=events_path,
     )
     tail = GatewayTail(spec.events_path, recorder)
     try:
@@ -162,8 +166,6 @@ async def open_network(
                 await network.drain()  # gateway_started
                 nursery.start_soon(tail.run)
                 yield network
-                if not gateway.alive():
-                    raise network.died()
                 nursery.cancel_scope.cancel()
     except GatewayError as exc:
         raise NetworkError(str(exc)) from None

@@ -612,6 +612,7 @@ class OciRuntime:
         self.lock = Path(lock or os.environ.get("ALE_IMAGES_LOCK") or "images/images.lock.json")
         self._checked: _Checked | None = None
         self._standby: _Standby | None = None
+        self._standby_lock = threading.Lock()
         self._engine: dict[str, str] | None = None  # what the engine says of itself (attestation)
         self._reaper = _Reaper()
 
@@ -768,11 +769,15 @@ class OciRuntime:
         except OSError as exc:
             raise EvaluatorStartError(f"cannot start the evaluator's container: {exc}") from None
 
-    def prestart_evaluator(self) -> None:
+    def prestart_evaluator(self, count: int = 1) -> None:
         """Start an evaluator container in standby so that the next open_evaluator does not wait
-        for the container to start and the evaluator's code to load. Best effort, and without
-        waiting for check(): the evaluator's digest is read from its layout and the lock (a
-        container that cannot start is replaced by open_evaluator, after check())."""
+        for the container to start and the evaluator's code to load (one, whatever ``count``).
+        Best effort, and without waiting for check(): the evaluator's digest is read from its
+        layout and the lock (a container that cannot start is replaced by open_evaluator, after check())."""
+        with self._standby_lock:
+            self._prestart()
+
+    def _prestart(self) -> None:
         if self._standby is not None and self._standby.process.poll() is None:
             return
         try:
@@ -789,13 +794,15 @@ class OciRuntime:
     def close(self) -> None:
         """Discard a prestarted evaluator nobody took, and wait until every container this runtime
         ran is removed."""
-        standby, self._standby = self._standby, None
+        with self._standby_lock:
+            standby, self._standby = self._standby, None
         if standby is not None:
             standby.discard()
         self._reaper.join()
 
     def _take_standby(self) -> _Standby:
-        standby, self._standby = self._standby, None
+        with self._standby_lock:  # tasks side by side take it from worker threads
+            standby, self._standby = self._standby, None
         if standby is not None and standby.process.poll() is None:
             return standby
         if standby is not None:

@@ -16,17 +16,25 @@ a writer task drains the lines to disk through a worker thread. Before an event 
 
 The budgets add up so that a run's trajectory, compressed (agent text may not compress at all),
 fits the site's upload limit with the other bundle files (docs/formats.md, "Caps and budgets").
+
+A task records into a recorder of its own (its *spool*, :mod:`ale.runner.spool`: a chain of its own
+that begins with a ``run_started`` naming only that task), with the run's budgets split between the
+run's tasks as ever; :meth:`Recorder.place` then appends a verified spool's events to the run's
+chain in task order, so the run's trajectory has the shape of a sequential run's however its tasks
+ran (docs/decisions.md, "Tasks side by side").
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Any
 
 import attrs
+import orjson
 import trio
 
 from ale.core import bundle, grammar
@@ -311,25 +319,64 @@ class Recorder:
         self._queue.put(line)
         return None
 
+    # -- another chain's events ---------------------------------------------------------------------
 
-async def _writer(queue: LineQueue, fh: IO[bytes]) -> None:
+    def place(self, lines: Iterable[bytes]) -> int:
+        """Append the events of another, verified chain (a task's spool without its first line; each
+        line without its newline) in their order: the same producers, kinds, data and wall times.
+        Each producer's ``monotonic`` times in them are shifted by one amount, just enough that they
+        never run backwards in this chain (so the intervals between them stay as recorded; a spool
+        that ran after what this chain holds is not shifted at all). The grammar checks every event
+        as :meth:`emit` would; returns how many were placed."""
+        shift: dict[str, float] = {}
+        placed = 0
+        for line in lines:
+            event = orjson.loads(line)
+            producer, kind, data, mono = event["producer"], event["kind"], event["data"], event["monotonic"]
+            last = self._last_monotonic.get(producer)
+            if producer not in shift:
+                shift[producer] = 0.0 if last is None or mono >= last else last - mono
+            if shift[producer]:
+                mono += shift[producer]
+            if last is not None and mono < last:  # (the shift's rounding)
+                mono = last
+            adopted, out = self.chain.adopt(line, event, monotonic=mono)
+            fault = self.grammar.event(self.chain.seq + 1, producer, kind, data)
+            if fault is not None:
+                raise ValueError(f"a placed event is out of place: {fault.reason}: {fault.message}")
+            self.chain.commit(adopted)
+            self._last_monotonic[producer] = mono
+            self.counts[producer] = self.counts.get(producer, 0) + 1
+            if self._tap is not None:
+                self._tap.append(out)
+            self._queue.put(out)
+            placed += 1
+        return placed
+
+
+async def _writer(queue: LineQueue, fh: IO[bytes], durable: bool) -> None:
     # Shielded: on cancellation (Ctrl-C, a deadline) the writer still writes every emitted line;
     # it ends when the recorder closes its queue.
     with trio.CancelScope(shield=True):
         while (batch := await queue.take()) is not None:
             await trio.to_thread.run_sync(fh.write, b"".join(batch))
         await trio.to_thread.run_sync(fh.flush)
+        if durable:
+            await trio.to_thread.run_sync(os.fsync, fh.fileno())
 
 
 @asynccontextmanager
-async def open_recorder(path: Path, *, tasks: int = 1, budgets: Mapping[str, int] = BUDGETS) -> AsyncIterator[Recorder]:
-    """A recorder writing to ``path`` for a run of ``tasks`` tasks; on exit every emitted line is on disk."""
+async def open_recorder(
+    path: Path, *, tasks: int = 1, budgets: Mapping[str, int] = BUDGETS, durable: bool = False
+) -> AsyncIterator[Recorder]:
+    """A recorder writing to ``path`` for a run of ``tasks`` tasks; on exit every emitted line is on
+    disk (``durable``: and synced to it, fsync)."""
     fh = await trio.to_thread.run_sync(lambda: open(path, "xb"))  # noqa: SIM115 - closed below
     queue = LineQueue()
     try:
         with collapse():
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_writer, queue, fh)
+                nursery.start_soon(_writer, queue, fh, durable)
                 try:
                     yield Recorder(path, queue, tasks=tasks, budgets=budgets)
                 finally:

@@ -173,11 +173,14 @@ class Runtime(Protocol):
     def open_evaluator(self, spec: EvaluatorSpec) -> AbstractAsyncContextManager[EvaluatorHandle]:
         """Start the evaluator; enter once both endpoints accept calls; stop it on exit."""
 
-    def prestart_evaluator(self) -> None:
+    def prestart_evaluator(self, count: int = 1) -> None:
         """Start, ahead of time, what the next open_evaluator needs before it can hand the evaluator
         its task (an evaluator process with its code loaded, an unstarted container), so that the
-        task does not wait for it. Optional (a backend may do nothing); best effort (a failure is
-        reported by the open_evaluator that follows, not here); never blocks for long."""
+        task does not wait for it; ``count``: for that many tasks starting side by side (a backend
+        may keep fewer, one). A second call keeps what the first started, it does not add to it.
+        Optional (a backend may do nothing); best effort (a failure is reported by the
+        open_evaluator that follows, not here); never blocks for long. Called from worker threads,
+        possibly while another task's open_evaluator takes what it started."""
 
     def close(self) -> None:
         """Discard what prestart_evaluator started and no open_evaluator took. Idempotent; the

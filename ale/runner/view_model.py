@@ -149,7 +149,9 @@ TEMPLATES: Final[Mapping[str, str]] = {
     "official_evaluation_finished": "{task}: {headline_metric} = {headline_value}, "
     "passed {passed_episodes}/{num_episodes}",
     "official_evaluation_skipped": "{task}: {reason}",
-    "task_finished": "{task}: {status}[ ({reason})]",
+    "task_finished": "{task}: {status}[ in {ended.phase}: {ended.category}][ ({reason})]",
+    "task_ended_early": "{task}: ended in {phase}: {category} ({reason})",
+    "infrastructure_retry": "{task}: {what} failed (attempt {attempt} of {attempts}), again in {backoff_s} s: {error}",
     "run_finished": "{tasks}",
     "run_failed": "{reason}",
     "run_interrupted": "completed: {completed_tasks}",

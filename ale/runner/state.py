@@ -1,0 +1,265 @@
+"""A run's state folder: what ``ale run --resume RUN`` continues from.
+
+``<out>/<run_id>.state/`` (mode 0700) holds::
+
+    run.json                  what the run is (its options, less any key), written once, atomically
+    key                       32 random bytes (hex, 0600): the key of the records' MACs
+    tasks/<id>/spool.partial  the task's spool while it runs (ale.runner.spool)
+    tasks/<id>/spool.jsonl    a finished task's spool, fsynced, then renamed into place
+    tasks/<id>/record.json    a finished task's record: its outcome, its spool's size and SHA-256
+                              and chain head, the run and the task, and an HMAC-SHA256 over them
+
+A record is written atomically (a temporary file, fsync, rename, fsync of the folder) after its
+spool, so a record names a whole spool. Resuming trusts a finished task only when its record
+parses and its MAC verifies with the run's key, names this run and task (digest included), its
+spool has that size and SHA-256, checks as a whole chain of this run's and this task's with a
+finished window (ale.runner.spool.check), and the outcome agrees with the spool (its evaluator
+result is the one the spool's evaluator logged). Anything else (a torn or truncated spool, garbage,
+a spool or record of another run, a spool edited without its record) is not trusted: the task is
+run again. A task that ended for the infrastructure or was cancelled is run again too. The MAC
+cannot stop someone who can read the key and rewrite the folder (anyone who can also run a
+modified harness); it keeps out what is not this run's own writing.
+
+Once the bundle is written, ``bundle`` names it and the folder is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ale import __version__, catalog
+from ale.core.canonical import canonical_json
+from ale.core.parse import ParseError, parse_json
+from ale.core.results import is_infrastructure
+from ale.runner.outcome import TaskOutcome
+from ale.runner.spool import Spool, SpoolError, check
+
+RUN_STATE_SCHEMA = "ale-run-state/v1"
+TASK_RECORD_SCHEMA = "ale-task-record/v1"
+SUFFIX = ".state"
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+MAX_STATE_FILE = 64 * 1024 * 1024  # a record holds an evaluator result (its episodes)
+
+
+class StateError(ValueError):
+    """A state folder that cannot be resumed (the message says why)."""
+
+
+def folder_for(parent: Path, run_id: str) -> Path:
+    return parent / f"{run_id}{SUFFIX}"
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """``path`` holds ``data`` whole or not at all, and is on disk (file and folder fsynced)."""
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    sync_folder(path.parent)
+
+
+def sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read(path: Path, what: str) -> Any:
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_STATE_FILE + 1)
+    except OSError as exc:
+        raise StateError(f"{what}: {exc.strerror or exc}") from None
+    try:
+        return parse_json(raw, what=what, max_bytes=MAX_STATE_FILE)
+    except ParseError as exc:
+        raise StateError(str(exc)) from None
+
+
+@attrs.frozen
+class Finished:
+    """A finished task the state folder proves: its outcome and its checked spool."""
+
+    outcome: TaskOutcome
+    spool: Spool
+
+
+class RunState:
+    """One run's state folder (:func:`create` a new one, :func:`load` one to resume)."""
+
+    def __init__(self, folder: Path, run: dict[str, Any], key: bytes) -> None:
+        self.folder, self.run, self._key = folder, run, key
+
+    @property
+    def run_id(self) -> str:
+        return str(self.run["run_id"])
+
+    @property
+    def started(self) -> float:
+        return float(self.run["started"])
+
+    def task_folder(self, task_id: str) -> Path:
+        return self.folder / "tasks" / task_id
+
+    def spool_partial(self, task_id: str) -> Path:
+        return self.task_folder(task_id) / "spool.partial"
+
+    def begin_task(self, task_id: str) -> Path:
+        """A fresh task folder (whatever an earlier attempt left goes) and where its spool goes."""
+        folder = self.task_folder(task_id)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(mode=0o700, parents=True)
+        return self.spool_partial(task_id)
+
+    def _mac(self, record: Mapping[str, Any]) -> str:
+        return hmac.new(self._key, canonical_json(dict(record)), hashlib.sha256).hexdigest()
+
+    def finish_task(self, task: catalog.Task, outcome: TaskOutcome, head: str) -> None:
+        """The task's spool (complete, at spool_partial) and its record, durably."""
+        folder = self.task_folder(task.spec.id)
+        partial, spool = self.spool_partial(task.spec.id), folder / "spool.jsonl"
+        with open(partial, "rb") as fh:
+            os.fsync(fh.fileno())
+            raw = partial.read_bytes()
+        os.replace(partial, spool)
+        sync_folder(folder)
+        record: dict[str, Any] = {
+            "schema": TASK_RECORD_SCHEMA,
+            "run_id": self.run_id,
+            "task": task.spec.ref,
+            "digest": task.digest,
+            "spool_sha256": hashlib.sha256(raw).hexdigest(),
+            "spool_bytes": len(raw),
+            "chain_head": head,
+            "outcome": outcome.record(),
+        }
+        record["mac"] = self._mac(record)
+        write_atomic(folder / "record.json", canonical_json(record) + b"\n")
+
+    def finished(self, task: catalog.Task) -> Finished | str:
+        """The task's finished record and spool, or why there is none to trust (it is run again)."""
+        folder = self.task_folder(task.spec.id)
+        if not (folder / "record.json").exists():
+            return "not finished"
+        try:
+            record = _read(folder / "record.json", "record.json")
+            return self._check(task, record, folder / "spool.jsonl")
+        except (StateError, SpoolError, ValueError) as exc:
+            return str(exc)
+
+    def _check(self, task: catalog.Task, record: Any, spool_path: Path) -> Finished | str:
+        members = {"schema", "run_id", "task", "digest", "spool_sha256", "spool_bytes", "chain_head", "outcome", "mac"}
+        if not isinstance(record, dict) or set(record) != members:
+            return "record.json is not a task record"
+        mac = record.pop("mac")
+        if type(mac) is not str or not hmac.compare_digest(mac, self._mac(record)):
+            return "record.json's MAC does not verify with this run's key (edited, or another run's)"
+        if (record["schema"], record["run_id"], record["task"], record["digest"]) != (
+            TASK_RECORD_SCHEMA, self.run_id, task.spec.ref, task.digest,
+        ):  # fmt: skip
+            return "record.json is another run's or another task's"
+        try:
+            raw = spool_path.read_bytes()
+        except OSError as exc:
+            return f"its spool cannot be read: {exc.strerror or exc}"
+        if len(raw) != record["spool_bytes"] or hashlib.sha256(raw).hexdigest() != record["spool_sha256"]:
+            return f"its spool is not the one recorded ({len(raw)} bytes, {record['spool_bytes']} recorded)"
+        spool = check(raw, run_id=self.run_id, task_ref=task.spec.ref, digest=task.digest)
+        if spool.summary.head != record["chain_head"]:
+            return "its spool's chain head is not the one recorded"
+        outcome = TaskOutcome.from_record(task, record["outcome"], self.run_id)
+        if outcome.ended is not None and (
+            is_infrastructure(outcome.ended.category) or outcome.ended.category == "cancelled"
+        ):
+            return f"it ended for {outcome.ended.category}: run again"
+        result = outcome.result
+        if outcome.status == "completed" and result is not None:
+            logged = spool.summary.eval_results.get(result["session_id"])
+            claimed = (result["complete"], result["headline_value"], result["passed_episodes"])
+            if (
+                logged is None
+                or (logged.get("complete"), logged.get("headline_value"), logged.get("passed_episodes")) != claimed
+            ):
+                return "its outcome is not what its evaluator logged"
+        return Finished(outcome, spool)
+
+    def write_run(self) -> None:
+        write_atomic(self.folder / "run.json", canonical_json(self.run) + b"\n")
+
+    def note(self, **members: Any) -> None:
+        """Add members to run.json (the attestation, the agent environment's digest, once known)."""
+        self.run.update(members)
+        self.write_run()
+
+    def bundle_written(self, path: Path) -> None:
+        """The bundle is written: say so (a resume is refused from now on), then remove the folder."""
+        with contextlib.suppress(OSError):
+            write_atomic(self.folder / "bundle", f"{path}\n".encode())
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def create(folder: Path, run_id: str, options: dict[str, Any]) -> RunState:
+    """A new run's state folder (``folder`` must not exist)."""
+    folder.mkdir(mode=0o700)
+    (folder / "tasks").mkdir(mode=0o700)
+    key = secrets.token_bytes(32)
+    write_atomic(folder / "key", key.hex().encode() + b"\n")
+    run = {
+        "schema": RUN_STATE_SCHEMA,
+        "run_id": run_id,
+        "harness_version": __version__,
+        "started": time.time(),
+        "options": options,
+    }
+    state = RunState(folder, run, key)
+    state.write_run()
+    return state
+
+
+def load(folder: Path) -> RunState:
+    """A run's state folder to resume (StateError: it is none, or cannot be resumed)."""
+    if not folder.is_dir():
+        raise StateError(f"there is no run state at {folder}")
+    if (folder / "bundle").exists():
+        raise StateError(f"the run is complete: its bundle was written ({(folder / 'bundle').read_text().strip()})")
+    run = _read(folder / "run.json", f"{folder}/run.json")
+    if not isinstance(run, dict) or run.get("schema") != RUN_STATE_SCHEMA:
+        raise StateError(f"{folder}/run.json is not a run's state ({RUN_STATE_SCHEMA})")
+    run_id, started, options = run.get("run_id"), run.get("started"), run.get("options")
+    if type(run_id) is not str or not RUN_ID.fullmatch(run_id) or folder.name != f"{run_id}{SUFFIX}":
+        raise StateError(f"{folder}/run.json names no run id, or another run's than its folder's")
+    if type(started) not in (int, float) or not isinstance(options, dict):
+        raise StateError(f"{folder}/run.json lacks the run's start or its options")
+    if run.get("harness_version") != __version__:
+        raise StateError(
+            f"the run was started by ale {run.get('harness_version')!r}, this is {__version__}: its tasks "
+            "cannot be continued by other code (start a new run)"
+        )
+    try:
+        text = (folder / "key").read_text().strip()
+        key = bytes.fromhex(text)
+    except (OSError, ValueError):
+        raise StateError(f"{folder}/key is missing or not hex") from None
+    if len(key) != 32:
+        raise StateError(f"{folder}/key is not 32 bytes")
+    return RunState(folder, run, key)

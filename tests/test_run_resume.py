@@ -1,0 +1,363 @@
+"""``ale run --resume RUN``: an interrupted or failed run continued from its state folder, its
+finished tasks not run again, and a state folder that is not the run's own writing not trusted
+(ale.runner.state, ale.runner.resume)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pyrage
+import pytest
+import trio
+from test_harness_faults import CARTPOLE, PENDULUM, _ale, _options
+from test_run_endings import FAST, FlakyEvaluators
+
+from ale.runner import bundle_writer, state
+from ale.runner.harness import Harness, RunError, RunRecord
+from ale.runner.inspect import offline_check
+from ale.runner.local import LocalRuntime
+from ale.runner.progress import PlainProgress
+from ale.runner.runtime import EvaluatorSpec
+
+TASKS = (CARTPOLE, PENDULUM)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    folder = Path(tempfile.mkdtemp(prefix="ale-res-"))  # short: run folders hold Unix sockets
+    yield folder
+    _kill_what_has(str(folder))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _kill_what_has(marker: str) -> None:
+    """SIGKILL, by pid, every process whose environment or command line holds ``marker`` (what a
+    killed harness left: its evaluators serve until stopped, a sandbox until its timeout)."""
+    needle = marker.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            found = any(needle in Path(f"/proc/{entry}/{what}").read_bytes() for what in ("environ", "cmdline"))
+        except OSError:
+            continue
+        if found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry), signal.SIGKILL)
+
+
+class Recording(LocalRuntime):
+    """The local runtime, recording the tasks whose evaluator it started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: list[str] = []
+
+    @asynccontextmanager
+    async def open_evaluator(self, spec: EvaluatorSpec) -> AsyncIterator[Any]:
+        self.opened.append(spec.task_id)
+        async with super().open_evaluator(spec) as handle:
+            yield handle
+
+
+async def _run(options: Any, runtime: LocalRuntime | None = None) -> tuple[RunRecord, str]:
+    out = io.StringIO()
+    record = await Harness(options, runtime or LocalRuntime(), PlainProgress(out=out)).run()
+    return record, out.getvalue()
+
+
+def _verified(record: RunRecord, folder: Path) -> Any:
+    identity = pyrage.x25519.Identity.generate()
+    try:
+        path, _ = bundle_writer.write_bundle(record, [str(identity.to_public())], folder)
+    finally:
+        shutil.rmtree(record.root, ignore_errors=True)
+    return offline_check(path.read_bytes(), str(identity))
+
+
+# -- the real thing: SIGKILL the harness, resume ----------------------------------------------------
+
+
+def test_a_run_killed_after_its_first_task_resumes_without_running_it_again(base: Path) -> None:
+    """``ale run`` of two tasks with the demo agent, SIGKILLed once the first task's record is
+    durable; ``ale run --resume RUN`` runs the second only (the first task's evaluator is not
+    started again: its events in the bundle are the killed run's, from before the resume began)
+    and writes a bundle that ale inspect accepts."""
+    out, cwd, tmp = base / "out", base / "cwd", base / "tmp"
+    for d in (cwd, tmp):
+        d.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("ALE_RECIPIENT", "CI")} | {"TMPDIR": str(tmp)}
+    argv = [sys.executable, "-m", "ale.runner.cli", "run", *TASKS, "--plain", "--out", str(out), "--episodes", "1"]
+    first_err = base / "first.txt"
+    with open(first_err, "wb") as err:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 240
+            while not list(out.glob(f"*.state/tasks/{CARTPOLE}/record.json")):
+                assert proc.poll() is None, first_err.read_text()
+                assert time.monotonic() < deadline, "the first task never finished"
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    _kill_what_has(str(tmp))
+    (folder,) = out.glob("*.state")
+    run_id = folder.name.removesuffix(".state")
+    assert not list(out.glob("*.ale"))
+    assert not (folder / "tasks" / PENDULUM / "record.json").exists(), "killed too late: the second task finished"
+    first_spool = (folder / "tasks" / CARTPOLE / "spool.jsonl").read_bytes()
+    resumed_at = time.time()
+    second = subprocess.run(
+        [sys.executable, "-m", "ale.runner.cli", "run", "--resume", run_id, "--plain", "--out", str(out)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert f"{CARTPOLE}: finished before" in second.stderr
+    assert f"{CARTPOLE}: evaluator: starting" not in second.stderr  # not run again
+    assert f"{PENDULUM}: evaluator: starting" in second.stderr
+    (bundle,) = out.glob("*.ale")
+    assert bundle.name == f"{run_id}.ale"
+    assert not folder.exists()  # the bundle is written: the state folder went
+    (key,) = out.glob("*.key")
+    identity = next(line for line in key.read_text().splitlines() if line.startswith("AGE-SECRET-KEY-"))
+    report = offline_check(bundle.read_bytes(), identity)
+    assert [t.status for t in report.docs.results.tasks] == ["completed", "completed"]
+    events = [json.loads(line) for line in report.docs.events.splitlines()]
+    ready = [e for e in events if e["kind"] == "evaluator_ready"]
+    assert [e["data"]["task_id"] for e in ready] == list(TASKS)
+    from datetime import datetime
+
+    def at(e: dict[str, Any]) -> float:
+        return datetime.strptime(e["wall_time"], "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()
+
+    assert at(ready[0]) < resumed_at < at(ready[1])  # the first task's evaluator ran before the resume only
+    spooled = [json.loads(line) for line in first_spool.splitlines()[1:]]
+    placed = events[1 : 1 + len(spooled)]
+    assert [(e["kind"], e["data"], e["wall_time"]) for e in placed] == [
+        (e["kind"], e["data"], e["wall_time"]) for e in spooled
+    ]
+    inspected = subprocess.run(
+        [sys.executable, "-m", "ale.runner.cli", "inspect", str(bundle), "--identity", str(key)],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert inspected.returncode == 0, inspected.stderr
+
+
+# -- a failed run resumed ------------------------------------------------------------------------------
+
+
+async def test_a_run_failed_for_the_infrastructure_resumes_running_only_that_task(base: Path) -> None:
+    """Side by side, cartpole's evaluator never starts (three attempts) while pendulum runs: the run
+    fails after pendulum finished, naming cartpole's category; resumed with a working runtime it runs
+    cartpole only."""
+    options = attrs.evolve(
+        _options("pass", episodes=1, retry=FAST, workdir=base), tasks=TASKS, jobs=2, state_parent=base
+    )
+    with pytest.raises(RunError, match=r"1 of 2 tasks ended for the infrastructure.*infrastructure/evaluator_start"):
+        await _run(options, FlakyEvaluators(fails=99))
+    (folder,) = await trio.to_thread.run_sync(lambda: list(base.glob("*.state")))
+    run_id = folder.name.removesuffix(".state")
+    recording = Recording()
+    record, progress = await _run(attrs.evolve(options, resume=run_id), recording)
+    assert recording.opened == [CARTPOLE]
+    assert f"{PENDULUM}: finished before" in progress
+    report = _verified(record, base)
+    assert [t.ended.category if t.ended else None for t in report.docs.results.tasks] == ["agent/no_policy"] * 2
+
+
+# -- what is not trusted -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def finished_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Any]]:
+    """A run of two tasks whose state folder is kept (the Harness, unlike ``ale run``, leaves it)."""
+    folder = Path(tempfile.mkdtemp(prefix="ale-fin-"))
+    options = attrs.evolve(_options("pass", episodes=1, workdir=folder), tasks=TASKS, state_parent=folder / "states")
+    (folder / "states").mkdir()
+    record, _ = trio.run(_run, options)
+    shutil.rmtree(record.root, ignore_errors=True)
+    yield folder, options
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _copy(finished_state: tuple[Path, Any], target: Path) -> tuple[Path, Any, str]:
+    source, options = finished_state
+    (folder,) = (source / "states").glob("*.state")
+    shutil.copytree(folder, target / folder.name)
+    run_id = folder.name.removesuffix(".state")
+    return target / folder.name, attrs.evolve(options, state_parent=target, resume=run_id, workdir=target), run_id
+
+
+def _truncate(path: Path) -> None:
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"\x00\xff garbage {{{" * 100)
+
+
+def _edit_spool(path: Path) -> None:
+    path.write_bytes(path.read_bytes().replace(b'"mode":"batch"', b'"mode":"BATCH"', 1))
+
+
+def _forge_record(path: Path) -> None:
+    """The record claims another outcome (its MAC kept: it no longer verifies)."""
+    record = json.loads(path.read_text())
+    record["outcome"]["reason"] = "forged"
+    path.write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize(
+    ("file", "spoil"),
+    [
+        ("spool.jsonl", _truncate),
+        ("spool.jsonl", _garbage),
+        ("spool.jsonl", _edit_spool),
+        ("spool.jsonl", Path.unlink),
+        ("record.json", _garbage),
+        ("record.json", _truncate),
+        ("record.json", _forge_record),
+        ("record.json", lambda p: p.write_text("[]")),
+    ],
+    ids=["truncated-spool", "garbage-spool", "edited-spool", "no-spool", "garbage-record", "truncated-record",
+         "forged-record", "record-not-an-object"],
+)  # fmt: skip
+async def test_a_spoilt_task_folder_is_run_again_not_trusted(
+    finished_state: tuple[Path, Any], base: Path, file: str, spoil: Any
+) -> None:
+    folder, options, _ = _copy(finished_state, base)
+    spoil(folder / "tasks" / CARTPOLE / file)
+    recording = Recording()
+    record, progress = await _run(options, recording)
+    assert recording.opened == [CARTPOLE]  # pendulum's record holds: kept
+    assert f"{CARTPOLE}: runs again: its state is not trusted" in progress
+    _verified(record, base)
+
+
+async def test_a_spool_and_record_of_another_run_are_not_trusted(finished_state: tuple[Path, Any], base: Path) -> None:
+    folder, options, _ = _copy(finished_state, base)
+    other = base / "other"
+    other.mkdir()
+    other_options = attrs.evolve(options, state_parent=other, resume=None, workdir=other)
+    record, _ = await _run(other_options)
+    shutil.rmtree(record.root, ignore_errors=True)
+    (other_folder,) = other.glob("*.state")
+    shutil.rmtree(folder / "tasks" / CARTPOLE)
+    shutil.copytree(other_folder / "tasks" / CARTPOLE, folder / "tasks" / CARTPOLE)
+    recording = Recording()
+    record, progress = await _run(options, recording)
+    assert recording.opened == [CARTPOLE]
+    assert "MAC does not verify with this run's key" in progress
+    _verified(record, base)
+
+
+async def test_a_record_with_a_recomputed_mac_of_another_key_and_a_garbage_folder_are_not_trusted(
+    finished_state: tuple[Path, Any], base: Path
+) -> None:
+    folder, options, _ = _copy(finished_state, base)
+    (folder / "key").write_text(secrets.token_hex(32) + "\n")  # every record's MAC now fails
+    (folder / "tasks" / "garbage").mkdir()
+    (folder / "tasks" / "garbage" / "record.json").write_bytes(b"{")
+    recording = Recording()
+    record, _ = await _run(options, recording)
+    assert recording.opened == list(TASKS)
+    _verified(record, base)
+
+
+async def test_resuming_with_other_options_is_refused(finished_state: tuple[Path, Any], base: Path) -> None:
+    _, options, _ = _copy(finished_state, base)
+    with pytest.raises(RunError, match=r"cannot resume .*: this run's episodes differ from the run's"):
+        await _run(attrs.evolve(options, episodes=2))
+    with pytest.raises(RunError, match="there is no run state"):
+        await _run(attrs.evolve(options, resume="run-20000101T000000Z-00000000"))
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return _ale("run", *args, "--plain", cwd=cwd)
+
+
+def _refused(proc: subprocess.CompletedProcess[str], needle: str) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("ale: error: "), proc.stderr
+    assert needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_resume_of_a_run_that_is_not_there(base: Path) -> None:
+    out = base / "out"
+    _refused(_cli("--resume", "run-20000101T000000Z-00000000", "--out", str(out), cwd=base), "no run to resume at")
+    _refused(_cli("--resume", "not a run id!", "--out", str(out), cwd=base), "not a run id")
+    _refused(_cli("--resume", str(base / "nowhere.state"), "--out", str(out), cwd=base), "no run to resume at")
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "run.json"),
+        (b"\x00garbage{", "not valid JSON"),
+        (b"[]", "is not a run's state"),
+        (b'{"schema": "ale-run-state/v1", "run_id": "run-other-1", "started": 1, "options": {}}', "another run's"),
+        (b'{"schema": "ale-run-state/v1", "run_id": "RUN", "started": 1, "options": {}, "harness_version": "0.0.1"}',
+         "cannot be continued by other code"),
+        (b"[" * 100_000, "nested"),
+    ],
+    ids=["no-run-json", "garbage", "not-an-object", "another-runs", "another-version", "deep"],
+)  # fmt: skip
+def test_a_resume_folder_with_garbage_is_refused(base: Path, content: bytes | None, needle: str) -> None:
+    out = base / "out"
+    folder = out / "run-20000101T000000Z-0000dead.state"
+    folder.mkdir(parents=True)
+    (folder / "key").write_text(secrets.token_hex(32))
+    if content is not None:
+        (folder / "run.json").write_bytes(content.replace(b"RUN", b"run-20000101T000000Z-0000dead"))
+    proc = _cli("--resume", "run-20000101T000000Z-0000dead", "--out", str(out), cwd=base)
+    _refused(proc, "cannot resume from")
+    assert needle in proc.stderr, proc.stderr
+    assert folder.exists()  # nothing of it was removed
+
+
+def test_resume_with_the_options_that_say_what_the_run_is_is_refused(base: Path) -> None:
+    for extra in (["cartpole-balance"], ["--all"], ["--episodes", "3"], ["--agent", "random"], ["--runtime", "podman"]):
+        proc = _cli("--resume", "run-20000101T000000Z-00000000", *extra, "--out", str(base / "out"), cwd=base)
+        _refused(proc, "--resume continues the run as it was started")
+
+
+def test_resume_of_a_run_whose_bundle_was_written_is_refused(base: Path) -> None:
+    folder = base / "out" / "run-20000101T000000Z-0000beef.state"
+    folder.mkdir(parents=True)
+    (folder / "bundle").write_text("/somewhere/run.ale\n")
+    proc = _cli("--resume", "run-20000101T000000Z-0000beef", "--out", str(base / "out"), cwd=base)
+    _refused(proc, "the run is complete: its bundle was written")
+
+
+def test_a_state_folder_is_loaded_strictly() -> None:
+    with pytest.raises(state.StateError, match="no run state"):
+        state.load(Path("/nonexistent/run-x.state"))
+
+
+@pytest.fixture(autouse=True)
+def _cwd(base: Path) -> Iterator[None]:
+    here = os.getcwd()
+    os.chdir(base)  # the kept .incomplete.jsonl trajectories of failed runs land here
+    yield
+    os.chdir(here)
