@@ -29,6 +29,7 @@ from hypothesis import given
 from oci_images import prepare
 from sandbox_tools import missing
 
+from ale import catalog
 from ale.images import attest
 from ale.runner import agent_env, oci, oci_launch, seccomp
 from ale.runner.conformance import Box, Lines, _evaluator_spec
@@ -340,7 +341,9 @@ def test_the_runtime_reads_its_images_from_the_environment(monkeypatch: pytest.M
     assert (runtime.layouts, runtime.lock) == (tmp_path / "layouts", tmp_path / "lock.json")
     monkeypatch.delenv("ALE_IMAGES_DIR")
     monkeypatch.delenv("ALE_IMAGES_LOCK")
-    assert (PodmanRuntime().layouts, PodmanRuntime().lock) == (Path("out/images"), Path("images/images.lock.json"))
+    default_lock = Path(catalog.release_lock_path() or "")  # the default release's: ale/releases/locks/
+    assert default_lock == Path(catalog.__file__).parent / "releases" / "locks" / "2026.11.json"
+    assert (PodmanRuntime().layouts, PodmanRuntime().lock) == (Path("out/images"), default_lock)
 
 
 def test_images_that_do_not_match_their_lock_are_runtime_unavailable(tmp_path: Path) -> None:

@@ -78,8 +78,10 @@ def _release(args: argparse.Namespace) -> tuple[ReleaseManifest, str, str]:
         raise CliError(f"cannot read the release manifest: {exc}") from None
     except FileNotFoundError as exc:
         raise CliError(str(exc)) from None
+    # A release file's images lock is in the locks/ folder beside it, as an installed one's.
+    locks = Path(args.release_file).parent / catalog.LOCKS if args.release_file else None
     try:
-        manifest, digest = parse_release(raw)
+        manifest, digest = parse_release(raw, (lambda n: (locks / n).read_bytes()) if locks else catalog.lock_bytes)
     except ParseError as exc:
         raise CliError(str(exc)) from None
     name = manifest.release

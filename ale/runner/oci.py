@@ -600,6 +600,17 @@ class _Checked:
     uid: uids.Claim
 
 
+def _default_lock() -> str:
+    """The default release's images lock (the installed file its ``images_lock`` names)."""
+    from ale import catalog
+
+    try:
+        found = catalog.release_lock_path()
+    except (OSError, ValueError):  # a release that does not parse: check() says what is missing
+        found = None
+    return found or "images.lock.json"
+
+
 class OciRuntime:
     """The evaluator and the sandbox as containers of the locked images (a subclass names the engine)."""
 
@@ -609,7 +620,7 @@ class OciRuntime:
 
     def __init__(self, *, layouts: Path | None = None, lock: Path | None = None) -> None:
         self.layouts = Path(layouts or os.environ.get("ALE_IMAGES_DIR") or "out/images")
-        self.lock = Path(lock or os.environ.get("ALE_IMAGES_LOCK") or "images/images.lock.json")
+        self.lock = Path(lock or os.environ.get("ALE_IMAGES_LOCK") or _default_lock())
         self._checked: _Checked | None = None
         self._standby: _Standby | None = None
         self._engine: dict[str, str] | None = None  # what the engine says of itself (attestation)
