@@ -23,6 +23,7 @@ import pytest
 import verifier_helpers as h
 from fuzzing import fuzz_settings, hostile_json, json_values
 from hypothesis import given
+from oci_bundles import AGENT, EVALUATOR, as_oci, lock_bytes
 from oci_images import prepare
 from sandbox_tools import missing
 
@@ -36,16 +37,6 @@ from ale.runner.harness import RunError, _check_release_images
 from ale.schemas import validate_document
 
 ROOT = Path(__file__).resolve().parents[1]
-EVALUATOR, AGENT = "sha256:" + "e1" * 32, "sha256:" + "a9" * 32
-LOCK = "4c" * 32
-
-
-def _lock_bytes(images: dict[str, str]) -> bytes:
-    """An images lock (as ale images lock writes it) of images with these digests."""
-    entries = {
-        n: {"digest": d, "definition_sha256": "de" * 32, "layers": ["sha256:" + "1a" * 32]} for n, d in images.items()
-    }
-    return attest.lock_text(entries).encode()
 
 
 def _release_bytes(lock: str | None = None, *, name: str = "2026.11") -> bytes:
@@ -61,7 +52,7 @@ def _release(images: dict[str, str] | None) -> tuple[ReleaseManifest, str]:
     """A release naming a lock of ``images`` (None: a release that names no lock)."""
     if images is None:
         return parse_release(_release_bytes())
-    return parse_release(_release_bytes("test.json"), lambda _name: _lock_bytes(images))
+    return parse_release(_release_bytes("test.json"), lambda _name: lock_bytes(images))
 
 
 # --- the release names its images lock ------------------------------------------------------------------
@@ -80,7 +71,7 @@ def test_the_shipped_release_names_its_images_lock_and_the_lock_is_not_in_its_ha
         digest == hashlib.sha256(raw).hexdigest() == "c3ebcc3f218949f2912e12c4ed212e614796639064889182c0081622aca89474"
     )  # docs/formats.md (f)
     # another lock, the same release: the hash every bundle names is the manifest's bytes' alone
-    other, same = parse_release(raw, lambda _n: _lock_bytes({"evaluator": EVALUATOR}))
+    other, same = parse_release(raw, lambda _n: lock_bytes({"evaluator": EVALUATOR}))
     assert same == digest
     assert other.images == {"evaluator": EVALUATOR}
 
@@ -108,7 +99,7 @@ def test_a_release_names_its_images_by_the_lock_it_names() -> None:
 )
 def test_a_bad_images_lock_name_is_refused_with_the_member_named(lock: Any, needle: str) -> None:
     with pytest.raises(ParseError) as err:
-        parse_release(_release_bytes(lock), lambda _n: _lock_bytes({"evaluator": EVALUATOR}))
+        parse_release(_release_bytes(lock), lambda _n: lock_bytes({"evaluator": EVALUATOR}))
     assert needle in str(err.value)
 
 
@@ -116,7 +107,7 @@ def test_a_release_cannot_carry_its_lock_in_its_own_json() -> None:
     data = json.loads(_release_bytes("test.json"))
     data["lock"] = {"sha256": "00" * 32, "images": {}}
     with pytest.raises(ParseError, match="unknown member lock"):
-        parse_release(json.dumps(data).encode(), lambda _n: _lock_bytes({"evaluator": EVALUATOR}))
+        parse_release(json.dumps(data).encode(), lambda _n: lock_bytes({"evaluator": EVALUATOR}))
 
 
 @pytest.mark.parametrize(
@@ -128,8 +119,8 @@ def test_a_release_cannot_carry_its_lock_in_its_own_json() -> None:
         (b'{"format": "ale-images-lock/v1", "images": {}}', "1 to 64 images"),
         (b'{"format": "ale-images-lock/v1", "images": {"Evaluator": {}}}', "not an image name"),
         (b'{"format": "ale-images-lock/v1", "images": {"evaluator": {"digest": "sha256:00"}}}', "exactly digest"),
-        (_lock_bytes({"evaluator": "sha256:" + "E1" * 32}), "images.evaluator.digest must be"),
-        (_lock_bytes({"evaluator": "e1" * 32}), "images.evaluator.digest must be"),
+        (lock_bytes({"evaluator": "sha256:" + "E1" * 32}), "images.evaluator.digest must be"),
+        (lock_bytes({"evaluator": "e1" * 32}), "images.evaluator.digest must be"),
         (b"[" * 100_000, "images lock"),
         (b'{"format": "ale-images-lock/v1", "images": {"a": ' + b"[" * 10_000 + b"]" * 10_000 + b"}}", "images lock"),
     ],
@@ -223,40 +214,6 @@ def world(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureReque
     return h.get_world(tmp_path_factory, request.config)
 
 
-def _as_oci(
-    files: dict[str, bytes], *, evaluator: str = EVALUATOR, agent: str = AGENT, **code: str
-) -> dict[str, bytes]:
-    """The run's manifest as the podman runtime writes it (every digest resealed)."""
-
-    def change(manifest: dict[str, Any]) -> None:
-        manifest["runtime"].update(
-            runtime="podman",
-            sandbox="podman",
-            engine={
-                "name": "podman",
-                "version": "4.3.1",
-                "server": "podman 4.3.1",
-                "oci_runtime": "runc version 1.1.5",
-            },
-            images={
-                "lock_sha256": LOCK,
-                "images": {
-                    "agent-base": {"digest": agent, "definition_sha256": "ad" * 32},
-                    "evaluator": {"digest": evaluator, "definition_sha256": "ed" * 32},
-                },
-            },
-            code={
-                "kind": "oci-images",
-                "note": "the images that ran",
-                "evaluator_image_sha256": code.get("evaluator_hex", evaluator[7:]),
-                "agent_image_sha256": code.get("agent_hex", agent[7:]),
-                "images_lock_sha256": code.get("lock", LOCK),
-            },
-        )
-
-    return h.edit(files, "manifest.json", change)
-
-
 def _check(files: dict[str, bytes], release: tuple[ReleaseManifest, str]) -> Any:
     """The offline checks, with ``release`` standing for the release the bundle names."""
     manifest_sha = json.loads(files["manifest.json"])["release"]["manifest_sha256"]
@@ -276,14 +233,14 @@ def _expect(reason: Reason, call: Callable[[], Any]) -> str:
 
 
 def test_an_oci_manifest_is_schema_valid_and_parses(world: h.World) -> None:
-    files = _as_oci(world.files("plain"))
+    files = as_oci(world.files("plain"))
     validate_document("manifest.json", json.loads(files["manifest.json"]))
     report = _check(files, _release(None))  # a release that pins no images
     assert report.docs.manifest.runtime.images.images["evaluator"].digest == EVALUATOR
 
 
 def test_the_verifier_accepts_the_releases_own_images_and_refuses_others(world: h.World) -> None:
-    files = _as_oci(world.files("plain"))
+    files = as_oci(world.files("plain"))
     assert _check(files, _release({"evaluator": EVALUATOR, "agent-base": AGENT})) is not None
     other = "sha256:" + "00" * 32
     message = _expect(Reason.IMAGE_MISMATCH, lambda: _check(files, _release({"evaluator": other, "agent-base": AGENT})))
@@ -295,12 +252,12 @@ def test_the_manifest_contradicting_its_own_image_digests_is_refused(world: h.Wo
     plain = world.files("plain")
     release = _release(None)
     for wrong in ({"evaluator_hex": "00" * 32}, {"agent_hex": "00" * 32}, {"lock": "00" * 32}):
-        _expect(Reason.IMAGE_MISMATCH, lambda w=wrong: _check(_as_oci(plain, **w), release))  # type: ignore[misc]
+        _expect(Reason.IMAGE_MISMATCH, lambda w=wrong: _check(as_oci(plain, **w), release))  # type: ignore[misc]
 
     def images_without_digests(manifest: dict[str, Any]) -> None:
         manifest["runtime"]["images"] = None
 
-    bare = h.edit(_as_oci(plain), "manifest.json", images_without_digests)
+    bare = h.edit(as_oci(plain), "manifest.json", images_without_digests)
     _expect(Reason.IMAGE_MISMATCH, lambda: _check(bare, release))
 
 
@@ -332,7 +289,7 @@ async def _upload(world: h.World, tmp: Path, files: dict[str, bytes]) -> tuple[h
 def test_the_site_refuses_other_images_and_shows_the_digests_of_the_releases_own(
     world: h.World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    files = _as_oci(world.files("plain"))
+    files = as_oci(world.files("plain"))
     other = "sha256:" + "00" * 32
     reply, _ = _uploaded(world, tmp_path / "a", files, monkeypatch, {"evaluator": other, "agent-base": AGENT})
     assert reply.status == 422, reply.body
@@ -379,11 +336,10 @@ def _ale_run(tmp_path: Path, release: Path, *extra: str) -> subprocess.Completed
 def test_podman_run_is_refused_for_a_release_pinning_other_images_and_records_its_own(tmp_path: Path) -> None:
     if (why := prepare("podman")) is not None:
         missing(why)
-    from ale.images import attest
 
     locked = {name: entry["digest"] for name, entry in attest.read_lock(Path(os.environ["ALE_IMAGES_LOCK"])).items()}
     (tmp_path / "locks").mkdir()
-    (tmp_path / "locks" / "wrong.json").write_bytes(_lock_bytes({**locked, "evaluator": "sha256:" + "00" * 32}))
+    (tmp_path / "locks" / "wrong.json").write_bytes(lock_bytes({**locked, "evaluator": "sha256:" + "00" * 32}))
     wrong = tmp_path / "wrong.json"
     wrong.write_bytes(_release_bytes("wrong.json"))
     refused = _ale_run(tmp_path, wrong)
@@ -391,7 +347,7 @@ def test_podman_run_is_refused_for_a_release_pinning_other_images_and_records_it
     assert refused.stderr.count("\n") <= 2, refused.stderr
     assert "the podman runtime's images are not release 2026.11's" in refused.stderr
     assert not list((tmp_path / "out").glob("*.ale"))
-    (tmp_path / "locks" / "right.json").write_bytes(_lock_bytes(locked))
+    (tmp_path / "locks" / "right.json").write_bytes(lock_bytes(locked))
     right = tmp_path / "right.json"
     right.write_bytes(_release_bytes("right.json"))
     ran = _ale_run(tmp_path, right)
