@@ -54,7 +54,23 @@ def as_oci(files: dict[str, bytes], *, evaluator: str = EVALUATOR, agent: str = 
             },
         )
 
+        manifest["agent"]["environment"] = image_environment(agent)
+
     return h.edit(files, "manifest.json", change)
+
+
+def image_environment(digest: str = AGENT) -> dict[str, Any]:
+    """The manifest's ``agent.environment`` of an OCI run: the agent image's own Python."""
+    return {
+        "image": {"name": "agent-base", "digest": digest},
+        "python": {
+            "executable": "/ale/python/bin/python3",
+            "version": "3.11.2",
+            "package": "python3.11-minimal 3.11.2-6",
+        },
+        "modules": ["ale", "ale.client"],
+        "distributions": ["grpcio==1.85.3", "numpy==2.4.6"],
+    }
 
 
 def statement(

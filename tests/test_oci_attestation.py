@@ -23,7 +23,7 @@ import pytest
 import verifier_helpers as h
 from fuzzing import fuzz_settings, hostile_json, json_values
 from hypothesis import given
-from oci_bundles import AGENT, EVALUATOR, as_oci, lock_bytes
+from oci_bundles import AGENT, EVALUATOR, as_oci, image_environment, lock_bytes
 from oci_images import prepare
 from sandbox_tools import missing
 
@@ -259,6 +259,30 @@ def test_the_manifest_contradicting_its_own_image_digests_is_refused(world: h.Wo
 
     bare = h.edit(as_oci(plain), "manifest.json", images_without_digests)
     _expect(Reason.IMAGE_MISMATCH, lambda: _check(bare, release))
+
+
+def test_the_agent_environment_must_be_the_agent_image_that_ran(world: h.World) -> None:
+    """An OCI run's agent.environment names the agent image by the digest runtime.images names; a
+    local run's names none (a manifest contradicting itself about what the agent ran is refused)."""
+    release = _release({"evaluator": EVALUATOR, "agent-base": AGENT})
+    plain = world.files("plain")
+    local_env = json.loads(plain["manifest.json"])["agent"]["environment"]
+
+    def environment(value: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+        def change(manifest: dict[str, Any]) -> None:
+            manifest["agent"]["environment"] = value
+
+        return change
+
+    assert _check(as_oci(plain), release) is not None
+    as_evaluator = {**image_environment(), "image": {"name": "evaluator", "digest": EVALUATOR}}
+    for wrong in (local_env, image_environment(EVALUATOR), as_evaluator):
+        files = h.edit(as_oci(plain), "manifest.json", environment(wrong))
+        message = _expect(Reason.IMAGE_MISMATCH, lambda f=files: _check(f, release))  # type: ignore[misc]
+        assert "the agent environment is not the agent image that ran" in message
+    files = h.edit(plain, "manifest.json", environment(image_environment()))
+    message = _expect(Reason.IMAGE_MISMATCH, lambda: _check(files, release))
+    assert "the agent environment names an image, but none ran" in message
 
 
 def test_a_local_runtimes_run_ran_no_image_and_is_compared_with_nothing(world: h.World) -> None:

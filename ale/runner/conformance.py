@@ -546,6 +546,33 @@ class RuntimeConformance:
         assert report["importable"] == []
         assert report["write"] == "EROFS", report
 
+    async def test_the_agent_environment_is_the_python_the_sandbox_runs(self, runtime: Runtime, box: Box) -> None:
+        """What the manifest says the agent ran with (agent_environment) is what the sandbox's own
+        Python sees: the same distributions (and, for an image, the interpreter's version)."""
+        import jsonschema
+        from packaging.utils import canonicalize_name
+
+        code = (
+            "import importlib.metadata as m, json, platform\n"
+            "d = [(x.metadata['Name'], x.version) for x in m.distributions()]\n"
+            "print('REPORT ' + json.dumps({'version': platform.python_version(), 'distributions': d}), flush=True)\n"
+        )
+        lines = Lines()
+        result = await runtime.run_sandboxed(box.spec(code), lines)
+        assert result.exit_status == 0, lines.lines
+        report = lines.report()
+        env = runtime.agent_environment(None)
+        schema = json.loads((Path(catalog.__file__).parent / "schemas" / "manifest.schema.json").read_text())
+        jsonschema.validate(env, schema["properties"]["agent"]["properties"]["environment"])
+
+        def canonical(pairs: list[tuple[str, str]]) -> list[str]:
+            return sorted(f"{canonicalize_name(name)}=={version}" for name, version in pairs)
+
+        named = [tuple(d.split("==", 1)) for d in env["distributions"]]
+        assert canonical(named) == canonical(report["distributions"])
+        if "python" in env:  # an image's own interpreter
+            assert env["python"]["version"] == report["version"]
+
     async def test_agent_contract_paths(self, runtime: Runtime, box: Box) -> None:
         """/workspace (writable), /task (read-only), /ale/evaluator.sock, HOME, cwd: for every runtime."""
         code = (

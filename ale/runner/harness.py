@@ -156,7 +156,8 @@ class RunRecord:
     finished: float
     chain_head: str
     events: int
-    agent_env: agent_env.AgentEnv  # the agent's Python environment (manifest agent.environment)
+    agent_env: agent_env.AgentEnv  # the agent's Python environment, as the harness assembled it
+    agent_environment: dict[str, Any]  # what the sandbox ran with (the runtime's word: manifest agent.environment)
 
 
 def eval_result_json(r: pb.EvalResult) -> dict[str, Any]:
@@ -444,6 +445,7 @@ class Harness:
             chain_head=head,
             events=events,
             agent_env=environment,
+            agent_environment=self.runtime.agent_environment(environment),
         )
 
     async def _run_tasks(self, root: Path, private: Path, rec: Recorder, outcomes: list[TaskOutcome]) -> None:

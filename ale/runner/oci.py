@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import atexit
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -532,6 +533,26 @@ def _state_file(name: str, data: bytes) -> Path:
     return path
 
 
+def _agent_python(root: Path, image: ImageRef) -> dict[str, Any]:
+    """The agent image's Python environment read from its layout (ale.images.contents), kept in the
+    state folder under the image's digest (reading the layers takes a moment; a digest's never changes)."""
+    from ale.images import contents
+
+    cached = _state_dir() / f"agent-python-{image.digest[7:]}.json"
+    with contextlib.suppress(OSError, ParseError):
+        doc = parse_json(cached.read_bytes(), what="the agent image's cached environment")
+        if isinstance(doc, dict) and doc.get("digest") == image.digest:
+            return doc
+    try:
+        found = contents.python_environment(root, site=IMAGE_SITE, executable=agent_env.PYTHON)
+    except contents.ContentsError as exc:
+        raise RuntimeUnavailable(f"the agent image's Python environment: {exc}") from None
+    doc = {"digest": image.digest, **dataclasses.asdict(found)}
+    doc["modules"], doc["distributions"] = list(found.modules), list(found.distributions)
+    _state_file(cached.name, json.dumps(doc, sort_keys=True).encode())
+    return doc
+
+
 def _pycache(image: ImageRef, uid: int) -> Path | None:
     """The evaluator image's byte-code folder (one an image digest, the evaluator's user's own, in
     root's private state folder: no agent's container mounts it); None where it cannot be made."""
@@ -598,6 +619,7 @@ class _Checked:
     cgroups: oci_cgroups.Layout
     mounts: str  # "" when size- and inode-limited tmpfs can be mounted, else why not
     uid: uids.Claim
+    agent_python: dict[str, Any]  # the agent image's Python environment (ale.images.contents)
 
 
 def _default_lock() -> str:
@@ -662,6 +684,7 @@ class OciRuntime:
         missing = {AGENT_IMAGE, EVALUATOR_IMAGE} - set(images)
         if missing:
             raise RuntimeUnavailable(f"the lock {self.lock} names no {' or '.join(sorted(missing))} image")
+        python = _agent_python(self.layouts / AGENT_IMAGE, images[AGENT_IMAGE])
         refs = [images[AGENT_IMAGE].ref, images[EVALUATOR_IMAGE].ref]
         with _started(self._inspect_argv(refs)) as inspect_run:
             _out, _err, inspect_rc = _finish(inspect_run)
@@ -687,7 +710,7 @@ class OciRuntime:
             raise RuntimeUnavailable(f"no uid of the run's own: {exc}") from None
         self._checked = _Checked(
             images=images, images_doc=doc, filter=flt, seccomp_file=program_file, empty=empty,
-            cgroups=layout, mounts=sandbox_fs.can_mount(), uid=claim,
+            cgroups=layout, mounts=sandbox_fs.can_mount(), uid=claim, agent_python=python,
         )  # fmt: skip
 
     def _install_hint(self) -> str:
@@ -738,6 +761,20 @@ class OciRuntime:
         """Each image this runtime runs, by name: its manifest digest (read from its layout and
         checked against the lock by check())."""
         return {name: ref.digest for name, ref in sorted(self._ready().images.items())}
+
+    def agent_environment(self, env: agent_env.AgentEnv | None) -> dict[str, Any]:
+        """The agent container's Python environment, as the manifest's ``agent.environment`` holds
+        it: the agent image (by digest), its interpreter, the distributions it holds and the ale
+        modules, the image's and those of ``env`` bound into it (:func:`module_binds`)."""
+        c = self._ready()
+        python = c.agent_python
+        bound = set(env.modules) - set(agent_env.ale_closure(agent_env.CLIENT_MODULES)[0]) if env else set()
+        return {
+            "image": {"name": AGENT_IMAGE, "digest": c.images[AGENT_IMAGE].digest},
+            "python": {"executable": python["executable"], "version": python["version"], "package": python["package"]},
+            "modules": sorted(set(python["modules"]) | bound),
+            "distributions": list(python["distributions"]),
+        }
 
     def attestation(self) -> dict[str, Any]:
         c = self._ready()
