@@ -75,6 +75,8 @@ AGENT_IMAGE = "agent-base"
 EVALUATOR_IMAGE = "evaluator"
 REPOSITORY = "localhost/ale"
 EVALUATOR_USER = "10001:10001"  # images/evaluator.toml's user
+#: images/evaluator.toml's entrypoint: the evaluator, run by the launcher (its container's first process)
+EVALUATOR_ENTRYPOINT = ("/usr/bin/python3.11", "-m", "ale_evaluator")
 READY_TIMEOUT_S = 60.0
 #: Root's own folder for what the engine reads from the harness (not /tmp: another user could plant
 #: a file there first): the filter program, each sandbox's event channel and /tmp mount point, each
@@ -241,7 +243,9 @@ def sandbox_argv(
 
 def evaluator_argv(engine: Engine, image: ImageRef, *, name: str, folder: Path, pycache: Path | None) -> list[str]:
     """``ENGINE run`` for an evaluator in standby: its code loaded, its job read from stdin; with
-    ``pycache``, its byte code kept there between runs of the same image (the images hold none)."""
+    ``pycache``, its byte code kept there between runs of the same image (the images hold none).
+    Its first process is the launcher, which ends the container when the harness is gone (the FIFO
+    ``folder/alive`` has no reader left: :mod:`ale.runner.oci_launch`)."""
     cache = [] if pycache is None else [
         f"--volume={pycache}:{EVALUATOR_PYCACHE}", f"--env=PYTHONPYCACHEPREFIX={EVALUATOR_PYCACHE}",
         "--env=PYTHONDONTWRITEBYTECODE=",
@@ -261,9 +265,12 @@ def evaluator_argv(engine: Engine, image: ImageRef, *, name: str, folder: Path, 
         f"--tmpfs=/tmp:rw,size={EVALUATOR_TMP_BYTES},mode=1777,nosuid,nodev",
         f"--volume={folder / 'agent'}:{EVALUATOR_AGENT_DIR}",
         f"--volume={folder / 'harness'}:{EVALUATOR_HARNESS_DIR}",
+        f"--volume={folder / 'alive'}:{LAUNCH_DIR}/alive",
+        f"--entrypoint={EVALUATOR_ENTRYPOINT[0]}",
         image.ref,
-        *("standby", "--job-fd", "0"),
-    ]
+        "-I", "-S", "-c", launcher_source(), "--alive", f"{LAUNCH_DIR}/alive", "--",
+        *EVALUATOR_ENTRYPOINT, "standby", "--job-fd", "0",
+    ]  # fmt: skip
 
 
 def serve_options(task_id: str) -> list[str]:
@@ -396,7 +403,8 @@ class _Standby:
     process: subprocess.Popen[bytes]
     engine: Engine
     name: str
-    folder: Path  # STATE_DIR/<name>: agent/ and harness/, mounted into the container
+    folder: Path  # STATE_DIR/<name>: agent/, harness/ and the FIFO alive, mounted into the container
+    alive: int  # the read end of folder/alive, held (never read) while the container may run
     kills: list[subprocess.Popen[bytes]] = attrs.Factory(list)
 
     @classmethod
@@ -407,15 +415,17 @@ class _Standby:
         for sub in ("agent", "harness"):
             (folder / sub).mkdir(mode=0o700 if sub == "harness" else 0o755)
             os.chown(folder / sub, uid, gid)
+        alive = _liveness_fifo(folder / "alive")
         try:
             process = subprocess.Popen(
                 evaluator_argv(engine, image, name=name, folder=folder, pycache=_pycache(image, uid)),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=folder,
             )  # fmt: skip
         except OSError:
+            os.close(alive)
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(process, engine, name, folder)
+        return cls(process, engine, name, folder, alive)
 
     @property
     def agent_socket(self) -> Path:
@@ -485,6 +495,9 @@ class _Standby:
             self.send_kill()
             self.process.wait()
         _remove(self.engine, self.name, self.kills)
+        if self.alive >= 0:
+            os.close(self.alive)
+            self.alive = -1
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -501,6 +514,15 @@ class OciEvaluator:
 
     def stderr_tail(self) -> str:
         return "\n".join(self.stderr_lines)
+
+
+def _liveness_fifo(path: Path) -> int:
+    """A FIFO at ``path`` that the container's user may only write (root's, 0602: no process of the
+    container can hold it open for reading), and the harness's read end of it: while the harness
+    lives it has a reader; once it is gone, the container's launcher ends the container."""
+    os.mkfifo(path, 0o600)
+    os.chmod(path, 0o602)
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 def _name(kind: str) -> str:
@@ -916,7 +938,10 @@ class OciRuntime:
                     nursery.cancel_scope.cancel()
                 result = attrs.evolve(result, oom_kills=cgroup.oom_kills())  # before its cgroup goes
             finally:
-                if box.kills:  # stopped by force: gone before the harness looks at its workspace again
+                # Stopped by force, or a CLI that died of a signal (a SIGTERM before it passes signals
+                # on ends it, and says nothing of its container): gone before the harness looks at
+                # its workspace again.
+                if box.kills or box.returncode is None or box.returncode < 0:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(box.remove)
                 self._reaper.submit(functools.partial(_remove_sandbox, box, cgroup))
@@ -1082,9 +1107,9 @@ def _sandbox_files(name: str, limits: Limits, uid: int, c: _Checked) -> Iterator
     folder = _state_folder(name)
     tmp: Path | None = None
     try:
-        events = folder / "events"
+        events = folder / "events"  # the channel; its reader, the harness, opens it in _start
         os.mkfifo(events, 0o600)
-        os.chown(events, uid, uid)
+        os.chmod(events, 0o602)  # root's: the agent may write it (by fd 3 or by path), never read it
         if not c.mounts:
             tmp = folder / "tmp"
             tmp.mkdir(mode=0o700)
