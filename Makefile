@@ -6,7 +6,7 @@ TASK ?= cartpole-balance
 # mypy on all four import roots (pyproject's [tool.mypy]), errors at the real files' paths
 MYPY := $(BIN)/python import-roots/mypy_real_paths.py
 
-.PHONY: help install run demo test lint typecheck proto bench clean
+.PHONY: help install run demo test lint typecheck proto lock bench clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -43,6 +43,10 @@ typecheck: install  ## mypy strict on ale, ale_evaluator, ale_verify, ale_site
 
 proto: install  ## regenerate ale/env/v1 from proto/ (tests fail when it is stale)
 	$(BIN)/python -m grpc_tools.protoc -I proto --python_out=. --grpc_python_out=. --pyi_out=. proto/ale/env/v1/env.proto
+
+lock: install  ## build the evaluator and agent images, write their digests into the release's lock (commit it)
+	$(BIN)/ale images build agent-base evaluator
+	$(BIN)/ale images lock
 
 bench: install  ## every benchmark; each prints its ratios and writes bench/results/*.json
 	$(BIN)/python bench/evaluator_bench.py --out bench/results/evaluator.json

@@ -91,6 +91,31 @@ def release_bytes(name: str = DEFAULT_RELEASE) -> bytes:
     return path.read_bytes()
 
 
+#: The releases' images locks: ``releases/locks/<images_lock>`` (ale.core.release).
+LOCKS = "locks"
+
+
+def lock_bytes(file_name: str) -> bytes:
+    """An installed release's images lock (the file its ``images_lock`` names)."""
+    path = resources.files("ale") / "releases" / LOCKS / file_name
+    if not path.is_file():
+        raise FileNotFoundError(f"no images lock {file_name!r} is installed")
+    return path.read_bytes()
+
+
+def parse_installed_release(raw: bytes) -> tuple[ReleaseManifest, str]:
+    """An installed release manifest's bytes, parsed with the installed lock it names."""
+    return parse_release(raw, lock_bytes)
+
+
 def release(name: str = DEFAULT_RELEASE) -> tuple[ReleaseManifest, str]:
-    """The named installed release manifest and its SHA-256."""
-    return parse_release(release_bytes(name))
+    """The named installed release manifest (with its images lock) and its SHA-256."""
+    return parse_installed_release(release_bytes(name))
+
+
+def release_lock_path(name: str = DEFAULT_RELEASE) -> str | None:
+    """Where the named installed release's images lock is on this machine (None: it pins no images)."""
+    manifest, _ = release(name)
+    if manifest.images_lock is None:
+        return None
+    return str(resources.files("ale") / "releases" / LOCKS / manifest.images_lock)

@@ -18,29 +18,47 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 OCI = ("podman", "docker")
 
 
+RUN_IMAGES = ("agent-base", "evaluator")  # what a run runs: the release's lock holds these
+
+
 @functools.cache
-def built() -> tuple[Path, Path] | str:
-    """(layouts folder, lock file) of both images built here, or why they cannot be."""
-    from ale.images import attest, definition
+def built_images() -> dict[str, Any] | str:
+    """Both images a run runs, built here once per test session (``ale.images.build.Built`` by name;
+    tests/test_images_repro.py takes them as its first builds), or why they cannot be."""
+    from ale.images import definition
     from ale.images.build import build_image
     from ale.images.fetch import FetchError, default_cache
 
     out = Path(tempfile.mkdtemp(prefix="ale-oci-images-"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)
     cache = Path(os.environ.get("ALE_IMAGES_CACHE") or default_cache())
-    defs = [definition.load(ROOT / "images" / f"{n}.toml") for n in ("agent-base", "evaluator")]
+    found = {}
     try:
-        for d in defs:
-            build_image(d, ROOT, out / d.name, cache, log=lambda _line: None)
+        for name in RUN_IMAGES:
+            defn = definition.load(ROOT / "images" / f"{name}.toml")
+            found[name] = build_image(defn, ROOT, out / name, cache, log=lambda _line: None)
     except FetchError as exc:
         return f"the images' pinned downloads are neither cached nor reachable: {exc}"
+    return found
+
+
+@functools.cache
+def built() -> tuple[Path, Path] | str:
+    """(layouts folder, lock file) of both images built here, or why they cannot be."""
+    from ale.images import attest
+
+    images = built_images()
+    if isinstance(images, str):
+        return images
+    out = images[RUN_IMAGES[0]].layout.parent
     lock = out / "images.lock.json"
-    attest.write_lock(lock, attest.read_lock_entries(out, defs))
+    attest.write_lock(lock, attest.lock_document(list(images.values()))["images"])
     return out, lock
 
 

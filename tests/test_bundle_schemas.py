@@ -37,7 +37,6 @@ from ale.core.attestation import dependency_lock, dependency_lock_sha256
 from ale.core.bundle import ALLOWED_FILES, build_tar, unpack
 from ale.core.canonical import canonical_json, reference_canonical_json
 from ale.core.merkle import file_leaves, files_root, leaf_hash
-from ale.core.release import parse_release
 from ale.core.results import SCORES_SCHEMA, TASK_RESULTS_SCHEMA
 from ale.core.signing import DOMAIN, new_private_key_pem, sign_root, verify_root
 from ale.core.trajectory import EVENT_SCHEMA, GENESIS, PRODUCERS, ChainBuilder, verify_chain
@@ -246,7 +245,7 @@ def test_integrity_json_is_what_formats_md_describes(bundles: dict[str, dict[str
         assert verify_root(integrity["signature"], integrity["merkle_root"]) == integrity["signature"]["key_id"]
     else:
         assert integrity["signature"] is None
-    release, sha = parse_release(catalog.release_bytes("2026.11"))
+    release, sha = catalog.release("2026.11")
     known = {t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()}
     check_files(
         files,
@@ -506,7 +505,7 @@ def test_vector_e_seeds(vectors: dict[str, str]) -> None:
 
 def test_vector_f_release(vectors: dict[str, str]) -> None:
     raw = catalog.release_bytes("2026.11")
-    release, sha = parse_release(raw)
+    release, sha = catalog.parse_installed_release(raw)
     assert canonical_json(sorted(release.required_tasks)) == vectors["f-required"].encode()
     assert release.required_task_set_hash == vectors["f-required-task-set-hash"]
     assert (

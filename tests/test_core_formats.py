@@ -116,7 +116,7 @@ def test_garbage_task_definitions_are_refused(raw: bytes) -> None:
 
 def test_release_manifest_hashes() -> None:
     raw = catalog.release_bytes()
-    manifest, digest = parse_release(raw)
+    manifest, digest = parse_release(raw, catalog.lock_bytes)
     assert digest == hashlib.sha256(raw).hexdigest()
     refs = sorted(manifest.required_tasks)
     assert manifest.required_task_set_hash == hashlib.sha256(canonical_json(refs)).hexdigest()
@@ -148,7 +148,7 @@ def _release(**overrides: object) -> bytes:
 )
 def test_bad_release_manifests_are_refused(overrides: dict[str, object], needle: str) -> None:
     with pytest.raises(ParseError) as err:
-        parse_release(_release(**overrides))
+        parse_release(_release(**overrides), catalog.lock_bytes)
     assert needle in str(err.value)
 
 

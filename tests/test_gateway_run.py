@@ -527,9 +527,8 @@ def _assert_failed_before_any_task(folder: Path, reason: str) -> None:
 
 
 def _release() -> tuple[Any, str]:
-    from ale.core.release import parse_release
 
-    return parse_release(catalog.release_bytes(catalog.DEFAULT_RELEASE))
+    return catalog.release(catalog.DEFAULT_RELEASE)
 
 
 async def test_a_run_folder_too_deep_for_its_sockets_is_refused_up_front(tmp_path: Path) -> None:

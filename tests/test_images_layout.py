@@ -334,6 +334,84 @@ def test_cli_build_prints_the_digest_and_lock_verify_agree(tmp_path: Path) -> No
     assert b"the lock's sha256:111" in bad.stderr
 
 
+def _images_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ale.images", *argv], capture_output=True, text=True)
+
+
+def _release_checkout(tmp_path: Path, lock_name: str | None = "R.json") -> tuple[Path, Path]:
+    """The mini image's checkout with a release manifest ``R`` naming the lock ``lock_name``, built."""
+    checkout, _path, cache = mini_image(tmp_path)
+    release = {"schema": "ale-release-manifest/v1", "release": "R"}
+    if lock_name is not None:
+        release["images_lock"] = lock_name
+    (checkout / "ale" / "releases" / "locks").mkdir(parents=True)
+    (checkout / "ale" / "releases" / "R.json").write_text(json.dumps(release))
+    out = tmp_path / "out"
+    built = _images_cli("build", "--source", str(checkout), "--out", str(out), "--cache", str(cache), "--offline")
+    assert built.returncode == 0, built.stderr
+    return checkout, out
+
+
+def test_lock_writes_the_lock_the_release_names(tmp_path: Path) -> None:
+    checkout, out = _release_checkout(tmp_path)
+    r = _images_cli("lock", "--source", str(checkout), "--out", str(out), "--release", "R")
+    assert r.returncode == 0, r.stderr
+    lock = checkout / "ale" / "releases" / "locks" / "R.json"
+    assert sorted(attest.read_lock(lock)) == ["mini"]
+    assert r.stdout.split()[0] == "mini"
+
+
+def test_lock_check_says_in_one_line_that_a_stale_lock_is_stale_and_writes_nothing(tmp_path: Path) -> None:
+    checkout, out = _release_checkout(tmp_path)
+    common = ("--source", str(checkout), "--out", str(out), "--release", "R")
+    assert _images_cli("lock", *common).returncode == 0
+    fresh = _images_cli("lock", "--check", *common)
+    assert fresh.returncode == 0, fresh.stderr
+    lock = checkout / "ale" / "releases" / "locks" / "R.json"
+    before = lock.read_bytes()
+    (checkout / "evaluator" / "cli.py").write_text("def main():\n    return 1\n")  # code that enters the image
+    cache = tmp_path / "cache"
+    rebuilt = _images_cli("build", "--source", str(checkout), "--out", str(out), "--cache", str(cache), "--offline")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    stale = _images_cli("lock", "--check", *common)
+    assert stale.returncode == 1
+    assert len(stale.stderr.strip().splitlines()) == 1, stale.stderr
+    assert "is stale: mini is sha256:" in stale.stderr
+    assert "as built" in stale.stderr
+    assert "run `make lock` and commit the lock" in stale.stderr
+    assert lock.read_bytes() == before
+    assert _images_cli("lock", *common).returncode == 0  # relocks what the lock holds
+    assert _images_cli("lock", "--check", *common).returncode == 0
+
+
+def test_lock_check_of_a_lock_that_is_not_one_says_so(tmp_path: Path) -> None:
+    checkout, out = _release_checkout(tmp_path)
+    lock = checkout / "ale" / "releases" / "locks" / "R.json"
+    for text in ("", "{}", '{"format": "ale-images-lock/v1", "images": {"mini": 7}}'):
+        lock.write_text(text)
+        r = _images_cli("lock", "--check", "--source", str(checkout), "--out", str(out), "--release", "R", "mini")
+        assert r.returncode == 1, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "is stale" in r.stderr
+
+
+def test_lock_for_a_release_naming_no_lock_is_refused(tmp_path: Path) -> None:
+    checkout, out = _release_checkout(tmp_path, lock_name=None)
+    r = _images_cli("lock", "--source", str(checkout), "--out", str(out), "--release", "R")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"ale: images lock: release R ({checkout / 'ale' / 'releases' / 'R.json'}) names no images lock (images_lock)"
+    ]
+    assert _images_cli("lock", "--source", str(checkout), "--out", str(out), "--release", "nope").returncode == 2
+
+
+def test_the_images_commands_default_release_is_the_catalogs() -> None:
+    from ale import catalog
+    from ale.images.cli import DEFAULT_RELEASE
+
+    assert DEFAULT_RELEASE == catalog.DEFAULT_RELEASE
+
+
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
     checkout, _path, _cache = mini_image(tmp_path)
     r = subprocess.run(

@@ -11,12 +11,15 @@ need rootful podman with runc and skopeo (CI installs them: ``ALE_SITE_TOOLS_REQ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from hypothesis import given
 from oci_images import prepare
 from sandbox_tools import missing
 
+from ale import catalog
 from ale.images import attest
 from ale.runner import agent_env, oci, oci_launch, seccomp
 from ale.runner.conformance import Box, Lines, _evaluator_spec
@@ -132,11 +136,12 @@ def test_the_sandbox_binds_the_evaluator_socket_a_link_names(tmp_path: Path) -> 
     assert f"--volume={tmp_path / 'real.sock'}:/ale/evaluator.sock" in argv
 
 
-def test_evaluator_argv_mounts_only_its_two_folders_with_limits(tmp_path: Path) -> None:
+def test_evaluator_argv_mounts_only_its_two_folders_and_its_fifo_with_limits(tmp_path: Path) -> None:
     argv = evaluator_argv(PODMAN, ImageRef("evaluator", DIGEST), name="e", folder=tmp_path, pycache=None)
     assert [a for a in argv if a.startswith("--volume=")] == [
         f"--volume={tmp_path / 'agent'}:/ale/agent",
         f"--volume={tmp_path / 'harness'}:/ale/harness",
+        f"--volume={tmp_path / 'alive'}:/ale/launch/alive",
     ]
     cached = evaluator_argv(PODMAN, ImageRef("evaluator", DIGEST), name="e", folder=tmp_path, pycache=tmp_path / "c")
     assert f"--volume={tmp_path / 'c'}:/ale/pycache" in cached
@@ -148,7 +153,12 @@ def test_evaluator_argv_mounts_only_its_two_folders_with_limits(tmp_path: Path) 
         f"--memory={oci.EVALUATOR_MEMORY_BYTES}", f"--cpus={oci.evaluator_cpus():g}",
     ):  # fmt: skip
         assert flag in argv, flag
-    assert argv[argv.index(f"localhost/ale-evaluator@{DIGEST}") + 1 :] == ["standby", "--job-fd", "0"]
+    # the launcher first (it ends the container with the harness), then the image's entrypoint
+    assert "--entrypoint=/usr/bin/python3.11" in argv
+    assert argv[argv.index(f"localhost/ale-evaluator@{DIGEST}") + 1 :] == [
+        "-I", "-S", "-c", oci.launcher_source(), "--alive", "/ale/launch/alive", "--",
+        "/usr/bin/python3.11", "-m", "ale_evaluator", "standby", "--job-fd", "0",
+    ]  # fmt: skip
     assert serve_options("cartpole-balance")[:2] == ["--task", "cartpole-balance"]
     assert "--run-config-fd" not in serve_options("x")  # the run configuration goes in the job, on stdin
 
@@ -187,6 +197,15 @@ def test_the_image_site_is_the_agent_definitions() -> None:
     from ale.images import definition
 
     assert definition.load(ROOT / "images" / "agent-base.toml").python.site == oci.IMAGE_SITE
+
+
+def test_the_evaluators_entrypoint_is_the_evaluator_definitions() -> None:
+    """The evaluator's container starts the launcher instead, and then the image's own entrypoint."""
+    from ale.images import definition
+
+    defn = definition.load(ROOT / "images" / "evaluator.toml")
+    assert defn.entrypoint == oci.EVALUATOR_ENTRYPOINT
+    assert f"{defn.user.uid}:{defn.user.gid}" == oci.EVALUATOR_USER
 
 
 # --- the sandbox's first process ---------------------------------------------------------------------
@@ -252,6 +271,78 @@ def test_the_launcher_refuses_with_one_line_and_never_runs_the_command(
     assert proc.stderr.count("\n") == 1
     assert proc.stderr.startswith("ale sandbox: ")
     assert message in proc.stderr
+
+
+def _pids_with(needle: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            with contextlib.suppress(OSError):
+                if needle.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize("option", ["--events", "--alive"])
+def test_the_launcher_ends_its_command_once_the_harness_no_longer_holds_the_fifo(tmp_path: Path, option: str) -> None:
+    """The harness is the FIFO's only reader: once its end is closed (as the kernel closes a killed
+    harness's), the launcher kills the command and ends, whatever the command does with signals."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    marker = f"ale-test-{os.getpid()}-{option[2:]}"
+    code = (
+        f"import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); MARK = {marker!r}; "
+        "print('up', flush=True); time.sleep(600)"
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", oci.launcher_source(), option, str(fifo), "--", sys.executable, "-c", code],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert launcher.stdout is not None
+        assert launcher.stdout.readline() == "up\n"
+        launcher.send_signal(signal.SIGTERM)  # passed on, and ignored by the command
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            launcher.wait(timeout=1)
+        assert launcher.returncode is None
+        os.close(reader)
+        reader = -1
+        assert launcher.wait(timeout=60) == 137
+        for _ in range(600):
+            if not _pids_with(marker):
+                break
+            time.sleep(0.1)
+        assert _pids_with(marker) == []
+    finally:
+        if reader >= 0:
+            os.close(reader)
+        launcher.kill()
+        launcher.communicate()
+        for pid in _pids_with(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("option", ["--events", "--alive"])
+def test_the_launcher_never_runs_the_command_when_nobody_holds_the_fifo(tmp_path: Path, option: str) -> None:
+    """A harness gone before its container started: nothing waits for it, nothing runs."""
+    os.mkfifo(tmp_path / "fifo")
+    marker = tmp_path / "ran"
+    proc = _launch(tmp_path, option, str(tmp_path / "fifo"), "--", "/usr/bin/touch", str(marker))
+    assert proc.returncode == 126, proc.stderr
+    assert "cannot set up the sandbox" in proc.stderr
+    assert "No such device or address" in proc.stderr
+    assert not marker.exists()
+
+
+def test_the_launcher_without_keep_keeps_the_whole_environment(tmp_path: Path) -> None:
+    proc = _launch(tmp_path, "--", sys.executable, "-c", "import os, json; print(json.dumps(dict(os.environ)))",
+                   env={"PATH": "/usr/bin:/bin", "PYTHONPYCACHEPREFIX": "/x"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    got.pop("LC_CTYPE", None)  # what the launcher's Python sets in a C locale (PEP 538), for its children too
+    assert got == {"PATH": "/usr/bin:/bin", "PYTHONPYCACHEPREFIX": "/x"}
 
 
 @pytest.mark.parametrize("program", [b"", b"\x00" * 12, b"\x06\x00\x00\x00\x00\x00\xff\x7f" * 5000])
@@ -340,7 +431,9 @@ def test_the_runtime_reads_its_images_from_the_environment(monkeypatch: pytest.M
     assert (runtime.layouts, runtime.lock) == (tmp_path / "layouts", tmp_path / "lock.json")
     monkeypatch.delenv("ALE_IMAGES_DIR")
     monkeypatch.delenv("ALE_IMAGES_LOCK")
-    assert (PodmanRuntime().layouts, PodmanRuntime().lock) == (Path("out/images"), Path("images/images.lock.json"))
+    default_lock = Path(catalog.release_lock_path() or "")  # the default release's: ale/releases/locks/
+    assert default_lock == Path(catalog.__file__).parent / "releases" / "locks" / "2026.11.json"
+    assert (PodmanRuntime().layouts, PodmanRuntime().lock) == (Path("out/images"), default_lock)
 
 
 def test_images_that_do_not_match_their_lock_are_runtime_unavailable(tmp_path: Path) -> None:
@@ -519,6 +612,103 @@ def _dead_pid() -> int:
     while Path(f"/proc/{pid}").exists():
         pid -= 1
     return pid
+
+
+#: A harness of its own: a prestarted evaluator and a sandbox that sleeps, "UP" once the sandbox is up.
+KILLED_HARNESS = """
+import sys
+from pathlib import Path
+
+import trio
+
+from ale.runner import runtimes
+from ale.runner.conformance import Box
+
+engine, folder, marker = sys.argv[1:4]
+runtime = runtimes.make(engine)
+runtime.check()
+runtime.prestart_evaluator()
+box = Box(Path(folder))
+code = f"MARK = {marker!r}; import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+code += "print('up', flush=True); time.sleep(600)"
+
+def sink(stream, line):
+    if line == b"up":
+        print("UP", flush=True)
+
+trio.run(runtime.run_sandboxed, box.spec(code, wall_time_s=600), sink)
+"""
+
+
+def _running_of(pid: int) -> list[str]:
+    """The running containers of the harness ``pid`` (podman's storage: both engines' here)."""
+    listed = subprocess.run(["podman", "ps", "--format", "{{.Names}}"], capture_output=True, text=True, timeout=120)
+    return sorted(name for name in listed.stdout.split() if f"-{pid}-" in name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["podman", "docker"])
+def test_a_killed_harness_takes_its_containers_with_it(engine: str, tmp_path: Path) -> None:
+    """SIGKILL the harness while its agent's container runs (a command that ignores SIGTERM) and its
+    evaluator's waits in standby: both end at once, with no check() or sweep: their launchers see
+    that nobody holds their FIFOs any more (the agent cannot: it may only write its channel)."""
+    if (why := prepare(engine)) is not None:
+        missing(why)
+    marker = f"ale-killed-{os.getpid()}-{engine}"
+    folder = Path(tempfile.mkdtemp(prefix="ale-kh-"))
+    harness = subprocess.Popen(
+        [sys.executable, "-c", KILLED_HARNESS, engine, str(folder), marker],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder,
+    )  # fmt: skip
+    try:
+        assert harness.stdout is not None
+        assert harness.stdout.readline() == "UP\n", harness.stderr.read() if harness.stderr else ""
+        for _ in range(600):  # the standby evaluator is started alongside
+            if len(_running_of(harness.pid)) == 2:
+                break
+            time.sleep(0.1)
+        running = _running_of(harness.pid)
+        assert [n.split("-")[1] for n in running] == ["evaluator", "sandbox"], running
+        assert _pids_with(marker)
+        harness.kill()
+        harness.wait()
+        for _ in range(600):
+            if not _pids_with(marker) and not _running_of(harness.pid):
+                break
+            time.sleep(0.1)
+        assert _pids_with(marker) == []
+        assert _running_of(harness.pid) == []
+    finally:
+        harness.kill()
+        harness.communicate()
+        for pid in _pids_with(marker):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        oci.sweep(oci.DOCKER if engine == "docker" else oci.PODMAN)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+async def test_podman_the_agent_cannot_read_its_event_channel(podman_runtime: PodmanRuntime, box: Box) -> None:
+    """A reader the agent held would keep its container alive after its harness: the FIFO is root's
+    and the agent may only write it, by its descriptor or by path."""
+    code = (
+        "import errno, json, os\n"
+        "r = {}\n"
+        "for name, path in (('path', '/ale/launch/events'), ('proc', '/proc/1/fd/3'), ('own', '/proc/self/fd/3')):\n"
+        "    try:\n"
+        "        os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))\n"
+        "        r[name] = 'opened'\n"
+        "    except OSError as exc:\n"
+        "        r[name] = errno.errorcode[exc.errno]\n"
+        'os.write(3, b\'{"kind": "note"}\\n\')\n'
+        "print('REPORT ' + json.dumps(r), flush=True)\n"
+    )
+    lines = Lines()
+    result = await podman_runtime.run_sandboxed(box.spec(code), lines)
+    assert result.exit_status == 0, lines.lines
+    assert lines.report() == {"path": "EACCES", "proc": "EACCES", "own": "EACCES"}
+    assert lines.of("event") == ['{"kind": "note"}']
 
 
 @pytest.mark.slow

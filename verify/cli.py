@@ -119,6 +119,41 @@ def cmd_check_provenance(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_register_provenance(args: argparse.Namespace, settings: Settings) -> int:
+    """Register the images' provenance statements (docs/verifier.md, "Image provenance"): each
+    signed by a registered, active runner key, for an image an installed release's lock holds."""
+    from ale.core.provenance import ProvenanceError
+    from ale.runner.inspect import installed_releases
+    from ale_verify import provenance
+
+    if settings.provenance_dir is None:  # pragma: no cover - from_env always sets it
+        print("ale-verify: error: no folder for provenance statements (ALE_VERIFY_PROVENANCE_DIR)", file=sys.stderr)
+        return 2
+    registered = _registered_runners(settings)
+    releases = list(installed_releases().values())
+    status = 0
+    for name in args.statements:
+        try:
+            raw = provenance.read_statement(Path(name))
+        except provenance.ProvenanceInputError as exc:
+            print(f"ale-verify: error: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        try:
+            done = provenance.register(
+                raw, settings.provenance_dir, releases, registered if registered is not None else lambda _k: None
+            )
+        except ProvenanceError as exc:
+            print(f"ale-verify: {name}: provenance refused ({exc.reason}): {exc.message}", file=sys.stderr)
+            status = max(status, 1)
+            continue
+        print(
+            f"registered {done.name} {done.digest} (release {done.release}), signed by runner key "
+            f"{done.signer.key_id} ({done.signer.kind})"
+        )
+    return status
+
+
 def cmd_create_token(args: argparse.Namespace, settings: Settings) -> int:
     from ale_verify import db
 
@@ -223,6 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
     prov.add_argument("--allow-unsigned", action="store_true", help="accept statements outside a DSSE envelope")
     prov.add_argument("--json", action="store_true", help="print the report as JSON")
     prov.set_defaults(func=cmd_check_provenance)
+    register = sub.add_parser(
+        "register-provenance",
+        help="register the images' signed provenance statements, checked against the installed releases' locks",
+    )
+    register.add_argument(
+        "statements", nargs="+", metavar="STATEMENT", help="NAME.intoto.json as ale images attest --key writes it"
+    )
+    register.set_defaults(func=cmd_register_provenance)
     token = sub.add_parser("create-token", help="create a local user's API token (for CI and bootstrapping)")
     token.add_argument("--user", required=True, help="user id, e.g. ci or operator:alice")
     token.add_argument("--label", default="created with ale-verify create-token")

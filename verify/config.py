@@ -92,6 +92,9 @@ class Settings:
     tmp_dir: Path
     keep_bundles: bool = False
     bundle_dir: Path | None = None
+    #: the images' provenance statements the operator registered (ale-verify register-provenance),
+    #: one a digest; None: none is registered (docs/verifier.md, "Image provenance")
+    provenance_dir: Path | None = None
     max_upload_bytes: int = 20 * 1024 * 1024
     max_decompressed_bytes: int = 64 * 1024 * 1024
     max_files: int = 16
@@ -143,6 +146,7 @@ class Settings:
             tmp_dir=Path(g("ALE_VERIFY_TMP", str(data / "tmp"))),
             keep_bundles=_bool(g("KEEP_SUBMISSION_BUNDLES"), False),
             bundle_dir=Path(g("ALE_VERIFY_BUNDLE_DIR", str(data / "bundles"))),
+            provenance_dir=Path(g("ALE_VERIFY_PROVENANCE_DIR", str(data / "provenance"))),
             max_upload_bytes=n("ALE_VERIFY_MAX_UPLOAD_BYTES", 20 * 1024 * 1024),
             max_decompressed_bytes=n("ALE_VERIFY_MAX_DECOMPRESSED_BYTES", 64 * 1024 * 1024),
             max_files=n("ALE_VERIFY_MAX_FILES", 16),

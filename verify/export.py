@@ -76,7 +76,7 @@ SUMMARY_KEYS = (
     "run_id", "agent", "release", "release_sha256", "tasks", "task_info", "macro_mean", "categories", "pass_rate",
     "covered", "missing", "coverage_complete", "official_episode_counts", "started", "finished", "usage",
     "network_proxy", "runtime", "challenge_id", "runner", "ciphertext_sha256", "merkle_root", "trajectory_events",
-    "release_images",
+    "release_images", "image_provenance",
 )  # fmt: skip
 TASK_KEYS = (
     "task", "genre", "metric", "direction", "measured", "paper_value", "gap", "penalties", "score", "faithful",

@@ -66,7 +66,7 @@ from ale.core.verify import (
 )
 from ale.runner.inspect import installed_releases, read_identity
 from ale.schemas import validate_document
-from ale_verify import db, judging, tokens
+from ale_verify import db, judging, provenance, tokens
 from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 
@@ -344,6 +344,7 @@ def process_upload(
         )  # 13.
         level, notes = assign_level(summary)
         notes += judging.judgement_notes({ref: c.summary() for ref, c in credits.items()})
+        level, notes, summary = provenance.settle_images(level, notes, summary, docs, release, settings)  # images
         outcome = Outcome(submission_id, "accepted", level, None, notes, summary)
         _persist(outcome, settings, user_id=user_id, now=now, run_id=summary["run_id"], queued=judged.queued)  # 14.
         if judged.queued.jobs:

@@ -122,9 +122,42 @@ def _declared(_inst: object, attr: attrs.Attribute[dict[str, Scalar]], value: di
 DECLARED_STRINGS = ("model", "effort")
 
 
+_IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _image_digest(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
+    if not _IMAGE_DIGEST.fullmatch(value):
+        raise ValueError(f"{attr.name} must be sha256: and 64 lowercase hex digits")
+
+
 @attrs.frozen
 class AgentEnvironment:
+    """The environment the local runtime assembled and mounted at /ale/python."""
+
     digest: Digest = attrs.field(validator=_digest)
+    modules: tuple[str, ...]
+    distributions: tuple[str, ...]
+
+
+@attrs.frozen
+class AgentImage:
+    name: str
+    digest: str = attrs.field(validator=_image_digest)  # sha256:...
+
+
+@attrs.frozen
+class Interpreter:
+    executable: str
+    version: str
+    package: str  # the Debian package that installed it, and its version
+
+
+@attrs.frozen
+class ImageAgentEnvironment:
+    """An OCI runtime's: the agent image's own Python (its digest, interpreter, distributions)."""
+
+    image: AgentImage
+    python: Interpreter
     modules: tuple[str, ...]
     distributions: tuple[str, ...]
 
@@ -134,7 +167,7 @@ class Agent:
     name: str
     command: tuple[str, ...]
     declared: dict[str, Scalar] = attrs.field(validator=_declared)  # the submitter's word, never scored
-    environment: AgentEnvironment
+    environment: AgentEnvironment | ImageAgentEnvironment
 
 
 @attrs.frozen
@@ -155,14 +188,6 @@ class ImagesCodeAttestation:
     evaluator_image_sha256: Digest = attrs.field(validator=_digest)
     agent_image_sha256: Digest = attrs.field(validator=_digest)
     images_lock_sha256: Digest = attrs.field(validator=_digest)
-
-
-_IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-
-
-def _image_digest(_inst: object, attr: attrs.Attribute[str], value: str) -> None:
-    if not _IMAGE_DIGEST.fullmatch(value):
-        raise ValueError(f"{attr.name} must be sha256: and 64 lowercase hex digits")
 
 
 @attrs.frozen

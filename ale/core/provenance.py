@@ -17,6 +17,11 @@ The check, in order; each failure a :class:`ProvenanceError` with a stable ``rea
 4. ``subject_mismatch``: exactly one subject, the locked image's name and manifest digest;
 5. ``definition_mismatch``: the definition's SHA-256 is the lock's;
 6. ``layers_mismatch``: the layer digests (byproducts) are the lock's, in order.
+
+For an uploaded bundle that ran on an OCI runtime, :func:`prove_images` checks the statements
+the site's operator registered for the digests that ran against the release's lock, and
+:func:`credited_level` keeps a run whose images are not all proven from ``officially_verified``
+(docs/verifier.md, "Image provenance").
 """
 
 from __future__ import annotations
@@ -31,8 +36,11 @@ import attrs
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from ale.core import release
 from ale.core.canonical import canonical_json
 from ale.core.parse import ParseError, parse_json
+from ale.core.reasons import Level, Reason
+from ale.core.release import ImagesLock
 from ale.core.signing import key_id, public_raw
 from ale.core.verify import RunnerKey
 
@@ -366,34 +374,22 @@ def check(
     return checked
 
 
-LOCK_FORMAT = "ale-images-lock/v1"
+def lock_entries(lock: ImagesLock) -> dict[str, dict[str, Any]]:
+    """A lock's images as :func:`check` takes them (each entry as ``ale images lock`` writes it)."""
+    return {
+        name: {"digest": e.digest, "definition_sha256": e.definition_sha256, "layers": list(e.layers)}
+        for name, e in sorted(lock.images.items())
+    }
 
 
 def parse_lock(raw: bytes) -> dict[str, dict[str, Any]]:
-    """An images lock (``ale images lock``) as the verifier reads it: each image's digest, the
-    definition's SHA-256 and the layer digests, checked for shape (``malformed`` otherwise)."""
+    """An images lock (``ale images lock``) as the verifier reads it (:func:`ale.core.release.parse_lock`,
+    the one reader of locks): each image's digest, the definition's SHA-256 and the layer digests
+    (``malformed`` when it is not exactly that)."""
     try:
-        doc = parse_json(raw, what="images lock", max_bytes=MAX_BYTES)
+        return lock_entries(release.parse_lock(raw))
     except ParseError as exc:
         raise ProvenanceError("malformed", str(exc)) from None
-    lock = _object(doc, "lock", {"format", "images"})
-    _const(lock["format"], "lock.format", LOCK_FORMAT)
-    images = lock["images"]
-    if not isinstance(images, dict) or not images:
-        raise _fail("lock.images", "must name at least one image")
-    out: dict[str, dict[str, Any]] = {}
-    for name, entry in images.items():
-        where = f"lock.images.{_text(name, 'lock.images', _NAME)}"
-        e = _object(entry, where, {"digest", "definition_sha256", "layers"})
-        layers = e["layers"]
-        if not isinstance(layers, list) or not layers:
-            raise _fail(f"{where}.layers", "must be a non-empty list")
-        out[name] = {
-            "digest": _text(e["digest"], f"{where}.digest", _DIGEST),
-            "definition_sha256": _text(e["definition_sha256"], f"{where}.definition_sha256", _HEX64),
-            "layers": [_text(x, f"{where}.layers[{i}]", _DIGEST) for i, x in enumerate(layers)],
-        }
-    return out
 
 
 def check_lock(
@@ -414,3 +410,79 @@ def check_lock(
             raise ProvenanceError("missing", f"no provenance statement for {name}")
         out[name] = check(statements[name], name, lock[name], trusted=trusted, allow_unsigned=allow_unsigned)
     return out
+
+
+# --- an uploaded run's images -------------------------------------------------------------------
+
+VERIFIED, MISSING, INVALID = "verified", "missing", "invalid"
+
+
+@attrs.frozen
+class ImageProof:
+    """What the verifier found of the provenance of one image a bundle's run ran."""
+
+    name: str
+    digest: str  # "sha256:<hex>", as the bundle's manifest names it
+    status: str  # VERIFIED | MISSING | INVALID
+    message: str  # why not verified ("" when it is)
+    reason: str | None = None  # an invalid statement's ProvenanceError reason
+    signer: RunnerKey | None = None  # the registered runner key whose signature verified
+
+    def summary(self) -> dict[str, Any]:
+        """What the audit summary (and the submission page) holds of it."""
+        signed = None if self.signer is None else {"key_id": self.signer.key_id, "kind": self.signer.kind}
+        return {"digest": self.digest, "status": self.status, "reason": self.reason, "message": self.message,
+                "signed_by": signed}  # fmt: skip
+
+
+def prove_image(
+    name: str, digest: str, lock: ImagesLock | None, statement: bytes | None, *, trusted: KeyLookup | None
+) -> ImageProof:
+    """The provenance of image ``name`` (``digest`` ran) under the release's ``lock``: its registered
+    ``statement`` (None: none is registered) checked against the lock's entry, signed by a ``trusted``
+    key (a bare Statement is not enough for a site)."""
+    entry = lock.images.get(name) if lock is not None else None
+    if lock is None or entry is None or entry.digest != digest:
+        why = "the release names no images lock" if lock is None else "the release's lock does not hold it"
+        return ImageProof(name, digest, MISSING, f"{why}: there is nothing to check a provenance against")
+    if statement is None:
+        return ImageProof(name, digest, MISSING, "no provenance statement of it is registered on this site")
+    try:
+        checked = check(statement, name, lock_entries(lock)[name], trusted=trusted)
+    except ProvenanceError as exc:
+        return ImageProof(name, digest, INVALID, exc.message, reason=exc.reason)
+    return ImageProof(name, digest, VERIFIED, "", signer=checked.signer)
+
+
+def prove_images(
+    ran: Mapping[str, str],
+    lock: ImagesLock | None,
+    statements: Mapping[str, bytes | None],
+    *,
+    trusted: KeyLookup | None,
+) -> tuple[ImageProof, ...]:
+    """Each image that ran (name -> digest), by name: :func:`prove_image` with its statement."""
+    return tuple(
+        prove_image(name, digest, lock, statements.get(name), trusted=trusted) for name, digest in sorted(ran.items())
+    )
+
+
+def proof_notes(proofs: tuple[ImageProof, ...]) -> list[dict[str, str]]:
+    """A note for each image whose provenance did not verify (``provenance_missing``, ``provenance_invalid``)."""
+    reason = {MISSING: Reason.PROVENANCE_MISSING, INVALID: Reason.PROVENANCE_INVALID}
+    return [
+        {
+            "reason": reason[p.status],
+            "message": f"{p.name} {p.digest}: " + (f"{p.reason}: {p.message}" if p.reason else p.message),
+        }
+        for p in proofs
+        if p.status != VERIFIED
+    ]
+
+
+def credited_level(level: Level, proofs: tuple[ImageProof, ...]) -> Level:
+    """``level`` unless it is ``officially_verified`` and an image that ran is not proven: then
+    ``validated`` (the runner's signature vouches for the run, but not for what its images hold)."""
+    if level is Level.OFFICIALLY_VERIFIED and any(p.status != VERIFIED for p in proofs):
+        return Level.VALIDATED
+    return level

@@ -78,6 +78,8 @@ class Reason(enum.StrEnum):
     UNOFFICIAL_EPISODES = "unofficial_episodes"
     UNJUDGED = "unjudged"
     JUDGING_PENDING = "judging_pending"
+    PROVENANCE_MISSING = "provenance_missing"
+    PROVENANCE_INVALID = "provenance_invalid"
     # refused requests (the API's error bodies)
     BAD_REQUEST = "bad_request"
     UNKNOWN_FIELD = "unknown_field"
@@ -229,6 +231,19 @@ REASONS: Mapping[Reason, ReasonInfo] = {
         "a completed reproduction task waits for the verifier's own judge, asked after the upload: shown judging "
         "pending, final 0 until it answers (then judged, or unjudged with the reason)",
     ),
+    R.PROVENANCE_MISSING: _info(
+        "level",
+        _N,
+        "an image the run ran (OCI runtimes) has no provenance statement registered on the site, or the "
+        "release names no images lock: an official run is then `validated`, not `officially_verified`",
+    ),
+    R.PROVENANCE_INVALID: _info(
+        "level",
+        _N,
+        "the provenance statement registered for an image the run ran does not hold against the release's "
+        "lock (signer no longer registered, bad signature, another digest, definition or layers, malformed): "
+        "an official run is then `validated`",
+    ),
     R.BAD_REQUEST: _info("API", _Q, "a malformed request: body, parameter or value (HTTP 400)"),
     R.UNKNOWN_FIELD: _info("API", _Q, "a parameter or body field the endpoint does not take (HTTP 400)"),
     R.UNAUTHENTICATED: _info("API", _Q, "no valid API token or login session (HTTP 401)"),
@@ -276,7 +291,9 @@ LEVELS: Mapping[Level, str] = {
     "claimed ones",
     Level.AUDITED: "an operator reviewed it (`.../audit` with a reason), from `self_reported` or `validated`",
     Level.OFFICIALLY_VERIFIED: "validated, and the integrity root is signed by a registered, active runner key "
-    "(benchmark team, approved third party, hardware-attested, official rerun): `ale run --runner-key KEY.pem`",
+    "(benchmark team, approved third party, hardware-attested, official rerun): `ale run --runner-key KEY.pem`; "
+    "for a run on an OCI runtime, each image that ran also has a registered provenance statement that holds "
+    "against the release's lock",
     Level.REVOKED: "an operator revoked it (`.../revoke` with a reason); kept and shown, never ranked",
 }
 

@@ -38,6 +38,7 @@ from ale.core.documents import (
     ArtifactsManifest,
     CodeAttestation,
     Faithfulness,
+    ImageAgentEnvironment,
     ImagesCodeAttestation,
     Integrity,
     Manifest,
@@ -451,12 +452,17 @@ def check_images(docs: Documents, release: ReleaseManifest) -> None:
     """The images an OCI runtime ran (``runtime.images``) are the release's, where the release names
     them (``image_mismatch``), and the manifest says the same of them twice (``runtime.code``). A
     run of the local runtime ran no image: there is nothing to compare (the submission page says so)."""
-    runtime = docs.manifest.runtime
+    runtime, environment = docs.manifest.runtime, docs.manifest.agent.environment
     if runtime.images is None:
         if not isinstance(runtime.code, CodeAttestation):
             raise VerificationError(Reason.IMAGE_MISMATCH, "the manifest names image digests but no images")
+        if isinstance(environment, ImageAgentEnvironment):
+            raise VerificationError(Reason.IMAGE_MISMATCH, "the agent environment names an image, but none ran")
         return
     ran = {name: entry.digest for name, entry in runtime.images.images.items()}
+    agent_image = environment.image if isinstance(environment, ImageAgentEnvironment) else None
+    if agent_image is None or agent_image.name != "agent-base" or ran.get("agent-base") != agent_image.digest:
+        raise VerificationError(Reason.IMAGE_MISMATCH, "the agent environment is not the agent image that ran")
     code = runtime.code
     if not isinstance(code, ImagesCodeAttestation):
         raise VerificationError(Reason.IMAGE_MISMATCH, "the manifest names images but no image digests")

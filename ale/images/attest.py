@@ -104,9 +104,36 @@ def read_lock_entries(out: Path, defns: Sequence[Definition]) -> dict[str, dict[
     return entries
 
 
-def write_lock(path: Path, entries: Mapping[str, Mapping[str, Any]]) -> None:
+def lock_text(entries: Mapping[str, Mapping[str, Any]]) -> str:
+    """The lock file's text for these entries (the same entries give the same bytes)."""
     doc = {"format": LOCK_FORMAT, "images": {k: dict(v) for k, v in sorted(entries.items())}}
-    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"
+
+
+def write_lock(path: Path, entries: Mapping[str, Mapping[str, Any]]) -> None:
+    path.write_text(lock_text(entries), encoding="utf-8")
+
+
+def lock_difference(path: Path, entries: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """None when the lock file ``path`` holds exactly ``entries`` (as :func:`write_lock` writes
+    them), else the first difference in one sentence."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        return f"{path} cannot be read ({exc.strerror})"
+    if raw == lock_text(entries).encode("utf-8"):
+        return None
+    try:
+        locked = read_lock(path)
+    except AttestError as exc:
+        return str(exc)
+    for name in sorted(set(entries) | set(locked)):
+        built, held = entries.get(name), locked.get(name)
+        if built is None or held is None:
+            return f"{name} is {'in the lock but not built' if built is None else 'built but not in the lock'}"
+        if built != held:  # the digest covers the rest (the config's definition label, the layers)
+            return f"{name} is {built.get('digest')} as built, {held.get('digest')} in the lock"
+    return "its bytes are not what ale images lock writes (rewrite it)"
 
 
 def read_lock(path: Path) -> dict[str, dict[str, Any]]:

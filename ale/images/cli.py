@@ -12,6 +12,11 @@ import ale
 from ale.images import definition as definitions
 
 DEFAULT_OUT = "out/images"
+#: The release whose images lock ``ale images lock`` writes by default: ``ale.catalog.DEFAULT_RELEASE``
+#: (ale.catalog needs the project's dependencies; a test holds the two equal).
+DEFAULT_RELEASE = "2026.11"
+#: What keeps a release's lock current, said when it is not (Makefile: build the images, lock them).
+RELOCK = "run `make lock` and commit the lock"
 
 
 class ImagesCliError(Exception):
@@ -100,17 +105,52 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_lock(args: argparse.Namespace) -> int:
-    from ale.images.attest import AttestError, read_lock_entries, write_lock
-
+def release_lock(source: Path, release: str) -> Path:
+    """The images lock the checkout's release manifest ``release`` names (``ale/releases/locks/...``)."""
+    path = source / "ale" / "releases" / f"{release}.json"
     try:
-        entries = read_lock_entries(Path(args.out), _selected(_source(args), args.images))
-        write_lock(Path(args.lock), entries)
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ImagesCliError(f"cannot read the release manifest {path}: {exc.strerror}") from None
+    try:  # the checkout's own file, not input: the standard library reads it
+        doc = json.loads(raw) if len(raw) <= 1024 * 1024 else None
+    except ValueError:
+        doc = None
+    name = doc.get("images_lock") if isinstance(doc, dict) else None
+    if not isinstance(name, str) or "/" in name or name.startswith("."):
+        raise ImagesCliError(f"release {release} ({path}) names no images lock (images_lock)")
+    return source / "ale" / "releases" / "locks" / name
+
+
+def _lock_path(args: argparse.Namespace) -> Path:
+    return Path(args.lock) if args.lock else release_lock(_source(args), args.release)
+
+
+def cmd_lock(args: argparse.Namespace) -> int:
+    from ale.images.attest import AttestError, lock_difference, read_lock, read_lock_entries, write_lock
+
+    path = _lock_path(args)
+    names = list(args.images)
+    if not names and path.is_file():  # relock what the lock holds
+        try:
+            names = sorted(read_lock(path))
+        except AttestError as exc:
+            raise ImagesCliError(str(exc)) from None
+    try:
+        entries = read_lock_entries(Path(args.out), _selected(_source(args), names))
     except AttestError as exc:
-        raise ImagesCliError(str(exc)) from None
+        raise ImagesCliError(f"{exc} ({RELOCK})" if args.check else str(exc)) from None
+    if args.check:
+        difference = lock_difference(path, entries)
+        if difference is not None:
+            print(f"ale: images lock: {path} is stale: {difference} ({RELOCK})", file=sys.stderr)
+            return 1
+        print(f"{path} is the built images' lock")
+        return 0
+    write_lock(path, entries)
     for name, entry in sorted(entries.items()):
         print(f"{name} {entry['digest']}")
-    print(f"wrote {args.lock}", file=sys.stderr)
+    print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -118,7 +158,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from ale.images.attest import AttestError, verify_layouts
 
     try:
-        for name, digest in verify_layouts(Path(args.lock), Path(args.out)):
+        for name, digest in verify_layouts(_lock_path(args), Path(args.out)):
             print(f"{name} {digest} matches the lock")
     except AttestError as exc:
         print(f"ale: images verify: {exc}", file=sys.stderr)
@@ -177,15 +217,31 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common(show)
     show.set_defaults(func=_guarded(cmd_show))
 
-    lock = isub.add_parser("lock", help="write the image digests read from built layouts into a lock file")
-    common(lock)
-    lock.add_argument("--out", default=DEFAULT_OUT, help=f"folder of built layouts (default {DEFAULT_OUT})")
-    lock.add_argument("--lock", default="images/images.lock.json", help="the lock file to write")
+    def lock_file(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--out", default=DEFAULT_OUT, help=f"folder of built layouts (default {DEFAULT_OUT})")
+        p.add_argument(
+            "--release",
+            default=DEFAULT_RELEASE,
+            help=f"the release whose lock it is: its images_lock in ale/releases/locks/ (default {DEFAULT_RELEASE})",
+        )
+        p.add_argument("--lock", help="another lock file instead of the release's")
+
+    lock = isub.add_parser("lock", help="write the image digests read from built layouts into a release's lock")
+    lock.add_argument(
+        "images", nargs="*", help="image names (default: those the lock holds; for a new lock every definition)"
+    )
+    lock.add_argument("--source", help="the checkout to build from (default: the one ale runs from)")
+    lock_file(lock)
+    lock.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing: exit status 1 and one line when the lock is not the built images'",
+    )
     lock.set_defaults(func=_guarded(cmd_lock))
 
     verify = isub.add_parser("verify", help="check built layouts against a lock file's digests")
-    verify.add_argument("--out", default=DEFAULT_OUT, help=f"folder of built layouts (default {DEFAULT_OUT})")
-    verify.add_argument("--lock", default="images/images.lock.json", help="the lock file")
+    verify.add_argument("--source", help="the checkout whose release names the lock (default: the one ale runs from)")
+    lock_file(verify)
     verify.set_defaults(func=_guarded(cmd_verify))
 
     attest = isub.add_parser(

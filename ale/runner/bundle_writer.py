@@ -122,11 +122,7 @@ def manifest_json(record: RunRecord) -> dict[str, Any]:
             "name": opts.agent.name,
             "command": list(opts.agent.command),
             "declared": dict(opts.agent.declared),
-            "environment": {
-                "digest": record.agent_env.digest,
-                "modules": list(record.agent_env.modules),
-                "distributions": list(record.agent_env.distributions),
-            },
+            "environment": record.agent_environment,
         },
         "runtime": record.attestation,
         "challenge": {"nonce": opts.nonce, "token": opts.challenge_token} if opts.nonce else None,

@@ -21,6 +21,8 @@ from ale.runner.options import MAX_JOBS, AgentSpec
 from ale.runner.runtime import Runtime
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ale.core.release import ReleaseManifest
 
 BUNDLED_AGENTS = {
@@ -81,16 +83,19 @@ def _release_and_bytes(args: argparse.Namespace) -> tuple[ReleaseManifest, str, 
         raise CliError(f"cannot read the release manifest: {exc}") from None
     except FileNotFoundError as exc:
         raise CliError(str(exc)) from None
-    manifest, digest = _parse_release(raw)
+    # A release file's images lock is in the locks/ folder beside it, as an installed one's.
+    locks = Path(args.release_file).parent / catalog.LOCKS if args.release_file else None
+    manifest, digest = _parse_release(raw, (lambda n: (locks / n).read_bytes()) if locks else None)
     return manifest, digest, manifest.release, raw
 
 
-def _parse_release(raw: bytes) -> tuple[ReleaseManifest, str]:
+def _parse_release(raw: bytes, read_lock: Callable[[str], bytes] | None = None) -> tuple[ReleaseManifest, str]:
+    """``raw`` parsed, its images lock read by ``read_lock`` (default: the installed releases' locks)."""
     from ale.core.parse import ParseError
     from ale.core.release import parse_release
 
     try:
-        return parse_release(raw)
+        return parse_release(raw, read_lock or catalog.lock_bytes)
     except ParseError as exc:
         raise CliError(str(exc)) from None
 

@@ -405,13 +405,24 @@ class RuntimeConformance:
         assert result.wall_time_s < 2 + KILL_GRACE_S + 3  # polled about once a second
 
     async def test_cancellation_stops_the_sandbox(self, runtime: Runtime, box: Box) -> None:
+        """Cancelled once its command is up (not after a fixed time: a loaded machine may take longer
+        than that to start a container), the sandbox's processes are gone soon after."""
         marker = f"ale-conformance-{secrets.token_hex(6)}"
         code = f"MARKER = {marker!r}; import time; print('up', flush=True); time.sleep(600)"
-        lines = Lines()
+        lines, up = Lines(), trio.Event()
+
+        def sink(stream: str, line: bytes) -> None:
+            lines(stream, line)
+            if line == b"up":
+                up.set()
+
         try:
-            with trio.move_on_after(1.5) as scope:
-                await runtime.run_sandboxed(box.spec(code), lines)
-            assert scope.cancelled_caught
+            with trio.move_on_after(120) as waited:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(runtime.run_sandboxed, box.spec(code), sink)
+                    await up.wait()
+                    nursery.cancel_scope.cancel()
+            assert not waited.cancelled_caught, f"the command never came up: {lines.lines}"
             assert lines.of("stdout") == ["up"]
             with trio.move_on_after(KILL_GRACE_S + 2):
                 while _host_pids_with(marker):  # noqa: ASYNC110 - polling /proc
@@ -545,6 +556,33 @@ class RuntimeConformance:
         assert report["executable"] == f"{agent_env.MOUNT_POINT}/bin/python3"
         assert report["importable"] == []
         assert report["write"] == "EROFS", report
+
+    async def test_the_agent_environment_is_the_python_the_sandbox_runs(self, runtime: Runtime, box: Box) -> None:
+        """What the manifest says the agent ran with (agent_environment) is what the sandbox's own
+        Python sees: the same distributions (and, for an image, the interpreter's version)."""
+        import jsonschema
+        from packaging.utils import canonicalize_name
+
+        code = (
+            "import importlib.metadata as m, json, platform\n"
+            "d = [(x.metadata['Name'], x.version) for x in m.distributions()]\n"
+            "print('REPORT ' + json.dumps({'version': platform.python_version(), 'distributions': d}), flush=True)\n"
+        )
+        lines = Lines()
+        result = await runtime.run_sandboxed(box.spec(code), lines)
+        assert result.exit_status == 0, lines.lines
+        report = lines.report()
+        env = runtime.agent_environment(None)
+        schema = json.loads((Path(catalog.__file__).parent / "schemas" / "manifest.schema.json").read_text())
+        jsonschema.validate(env, schema["properties"]["agent"]["properties"]["environment"])
+
+        def canonical(pairs: list[tuple[str, str]]) -> list[str]:
+            return sorted(f"{canonicalize_name(name)}=={version}" for name, version in pairs)
+
+        named = [tuple(d.split("==", 1)) for d in env["distributions"]]
+        assert canonical(named) == canonical(report["distributions"])
+        if "python" in env:  # an image's own interpreter
+            assert env["python"]["version"] == report["version"]
 
     async def test_agent_contract_paths(self, runtime: Runtime, box: Box) -> None:
         """/workspace (writable), /task (read-only), /ale/evaluator.sock, HOME, cwd: for every runtime."""
@@ -814,7 +852,8 @@ class RuntimeConformance:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run)
             with trio.fail_after(20):
-                while not gateway.gone.is_set():  # noqa: ASYNC110 - the stand-in's thread
+                # Both, in either order: the line travels through the engine, the drop does not.
+                while not gateway.gone.is_set() or not lines.of("stdout"):  # noqa: ASYNC110 - the stand-in's thread
                     await trio.sleep(0.05)
             assert not done.is_set()  # the sandbox still runs: the drop alone reached the gateway
             nursery.cancel_scope.cancel()

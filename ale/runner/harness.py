@@ -116,7 +116,8 @@ class RunRecord:
     finished: float
     chain_head: str
     events: int
-    agent_env: agent_env.AgentEnv  # the agent's Python environment (manifest agent.environment)
+    agent_env: agent_env.AgentEnv  # the agent's Python environment, as the harness assembled it
+    agent_environment: dict[str, Any]  # what the sandbox ran with (the runtime's word: manifest agent.environment)
     state: RunState | None = None  # the run's state folder (the caller removes it with state.bundle_written)
 
 
@@ -236,6 +237,7 @@ class Harness:
             chain_head=head,
             events=events,
             agent_env=environment,
+            agent_environment=self.runtime.agent_environment(environment),
             state=self.state if self.options.state_parent is not None else None,
         )
 

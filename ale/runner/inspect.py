@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from ale import catalog
 from ale.core.faithfulness import JudgeKeyLookup
-from ale.core.release import ReleaseManifest, parse_release
+from ale.core.release import ReleaseManifest
 from ale.core.signing import key_id
 from ale.core.verify import KeyLookup, Report, RunnerKey, VerificationError, check_files, level_for, plain, unpack
 from ale.schemas import validate_document
@@ -77,7 +77,7 @@ def installed_releases() -> dict[str, ReleaseManifest]:
     for entry in (resources.files("ale") / "releases").iterdir():
         if entry.name.endswith(".json"):
             raw = entry.read_bytes()
-            found[hashlib.sha256(raw).hexdigest()] = parse_release(raw)[0]
+            found[hashlib.sha256(raw).hexdigest()] = catalog.parse_installed_release(raw)[0]
     return found
 
 

@@ -266,6 +266,12 @@ class LocalRuntime:
     def sandbox(self) -> str:
         return self.sandbox_kind
 
+    def agent_environment(self, env: agent_env.AgentEnv | None) -> dict[str, Any]:
+        """The agent environment the sandbox mounts at /ale/python (the manifest's ``agent.environment``)."""
+        if env is None:
+            env = agent_env.ensure()  # what run_sandboxed gives a spec without one: the client library alone
+        return {"digest": env.digest, "modules": list(env.modules), "distributions": list(env.distributions)}
+
     def image_digests(self) -> dict[str, str]:
         """None: the local runtime runs the installed code, no image."""
         return {}

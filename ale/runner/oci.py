@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import atexit
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -74,6 +75,8 @@ AGENT_IMAGE = "agent-base"
 EVALUATOR_IMAGE = "evaluator"
 REPOSITORY = "localhost/ale"
 EVALUATOR_USER = "10001:10001"  # images/evaluator.toml's user
+#: images/evaluator.toml's entrypoint: the evaluator, run by the launcher (its container's first process)
+EVALUATOR_ENTRYPOINT = ("/usr/bin/python3.11", "-m", "ale_evaluator")
 READY_TIMEOUT_S = 60.0
 #: Root's own folder for what the engine reads from the harness (not /tmp: another user could plant
 #: a file there first): the filter program, each sandbox's event channel and /tmp mount point, each
@@ -240,7 +243,9 @@ def sandbox_argv(
 
 def evaluator_argv(engine: Engine, image: ImageRef, *, name: str, folder: Path, pycache: Path | None) -> list[str]:
     """``ENGINE run`` for an evaluator in standby: its code loaded, its job read from stdin; with
-    ``pycache``, its byte code kept there between runs of the same image (the images hold none)."""
+    ``pycache``, its byte code kept there between runs of the same image (the images hold none).
+    Its first process is the launcher, which ends the container when the harness is gone (the FIFO
+    ``folder/alive`` has no reader left: :mod:`ale.runner.oci_launch`)."""
     cache = [] if pycache is None else [
         f"--volume={pycache}:{EVALUATOR_PYCACHE}", f"--env=PYTHONPYCACHEPREFIX={EVALUATOR_PYCACHE}",
         "--env=PYTHONDONTWRITEBYTECODE=",
@@ -260,9 +265,12 @@ def evaluator_argv(engine: Engine, image: ImageRef, *, name: str, folder: Path, 
         f"--tmpfs=/tmp:rw,size={EVALUATOR_TMP_BYTES},mode=1777,nosuid,nodev",
         f"--volume={folder / 'agent'}:{EVALUATOR_AGENT_DIR}",
         f"--volume={folder / 'harness'}:{EVALUATOR_HARNESS_DIR}",
+        f"--volume={folder / 'alive'}:{LAUNCH_DIR}/alive",
+        f"--entrypoint={EVALUATOR_ENTRYPOINT[0]}",
         image.ref,
-        *("standby", "--job-fd", "0"),
-    ]
+        "-I", "-S", "-c", launcher_source(), "--alive", f"{LAUNCH_DIR}/alive", "--",
+        *EVALUATOR_ENTRYPOINT, "standby", "--job-fd", "0",
+    ]  # fmt: skip
 
 
 def serve_options(task_id: str) -> list[str]:
@@ -395,7 +403,8 @@ class _Standby:
     process: subprocess.Popen[bytes]
     engine: Engine
     name: str
-    folder: Path  # STATE_DIR/<name>: agent/ and harness/, mounted into the container
+    folder: Path  # STATE_DIR/<name>: agent/, harness/ and the FIFO alive, mounted into the container
+    alive: int  # the read end of folder/alive, held (never read) while the container may run
     kills: list[subprocess.Popen[bytes]] = attrs.Factory(list)
 
     @classmethod
@@ -406,15 +415,17 @@ class _Standby:
         for sub in ("agent", "harness"):
             (folder / sub).mkdir(mode=0o700 if sub == "harness" else 0o755)
             os.chown(folder / sub, uid, gid)
+        alive = _liveness_fifo(folder / "alive")
         try:
             process = subprocess.Popen(
                 evaluator_argv(engine, image, name=name, folder=folder, pycache=_pycache(image, uid)),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=folder,
             )  # fmt: skip
         except OSError:
+            os.close(alive)
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        return cls(process, engine, name, folder)
+        return cls(process, engine, name, folder, alive)
 
     @property
     def agent_socket(self) -> Path:
@@ -484,6 +495,9 @@ class _Standby:
             self.send_kill()
             self.process.wait()
         _remove(self.engine, self.name, self.kills)
+        if self.alive >= 0:
+            os.close(self.alive)
+            self.alive = -1
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
@@ -500,6 +514,15 @@ class OciEvaluator:
 
     def stderr_tail(self) -> str:
         return "\n".join(self.stderr_lines)
+
+
+def _liveness_fifo(path: Path) -> int:
+    """A FIFO at ``path`` that the container's user may only write (root's, 0602: no process of the
+    container can hold it open for reading), and the harness's read end of it: while the harness
+    lives it has a reader; once it is gone, the container's launcher ends the container."""
+    os.mkfifo(path, 0o600)
+    os.chmod(path, 0o602)
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 def _name(kind: str) -> str:
@@ -530,6 +553,26 @@ def _state_file(name: str, data: bytes) -> Path:
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     return path
+
+
+def _agent_python(root: Path, image: ImageRef) -> dict[str, Any]:
+    """The agent image's Python environment read from its layout (ale.images.contents), kept in the
+    state folder under the image's digest (reading the layers takes a moment; a digest's never changes)."""
+    from ale.images import contents
+
+    cached = _state_dir() / f"agent-python-{image.digest[7:]}.json"
+    with contextlib.suppress(OSError, ParseError):
+        doc = parse_json(cached.read_bytes(), what="the agent image's cached environment")
+        if isinstance(doc, dict) and doc.get("digest") == image.digest:
+            return doc
+    try:
+        found = contents.python_environment(root, site=IMAGE_SITE, executable=agent_env.PYTHON)
+    except contents.ContentsError as exc:
+        raise RuntimeUnavailable(f"the agent image's Python environment: {exc}") from None
+    doc = {"digest": image.digest, **dataclasses.asdict(found)}
+    doc["modules"], doc["distributions"] = list(found.modules), list(found.distributions)
+    _state_file(cached.name, json.dumps(doc, sort_keys=True).encode())
+    return doc
 
 
 def _pycache(image: ImageRef, uid: int) -> Path | None:
@@ -598,6 +641,18 @@ class _Checked:
     cgroups: oci_cgroups.Layout
     mounts: str  # "" when size- and inode-limited tmpfs can be mounted, else why not
     uid: uids.Claim
+    agent_python: dict[str, Any]  # the agent image's Python environment (ale.images.contents)
+
+
+def _default_lock() -> str:
+    """The default release's images lock (the installed file its ``images_lock`` names)."""
+    from ale import catalog
+
+    try:
+        found = catalog.release_lock_path()
+    except (OSError, ValueError):  # a release that does not parse: check() says what is missing
+        found = None
+    return found or "images.lock.json"
 
 
 class OciRuntime:
@@ -609,7 +664,7 @@ class OciRuntime:
 
     def __init__(self, *, layouts: Path | None = None, lock: Path | None = None) -> None:
         self.layouts = Path(layouts or os.environ.get("ALE_IMAGES_DIR") or "out/images")
-        self.lock = Path(lock or os.environ.get("ALE_IMAGES_LOCK") or "images/images.lock.json")
+        self.lock = Path(lock or os.environ.get("ALE_IMAGES_LOCK") or _default_lock())
         self._checked: _Checked | None = None
         self._standby: _Standby | None = None
         self._standby_lock = threading.Lock()
@@ -652,6 +707,7 @@ class OciRuntime:
         missing = {AGENT_IMAGE, EVALUATOR_IMAGE} - set(images)
         if missing:
             raise RuntimeUnavailable(f"the lock {self.lock} names no {' or '.join(sorted(missing))} image")
+        python = _agent_python(self.layouts / AGENT_IMAGE, images[AGENT_IMAGE])
         refs = [images[AGENT_IMAGE].ref, images[EVALUATOR_IMAGE].ref]
         with _started(self._inspect_argv(refs)) as inspect_run:
             _out, _err, inspect_rc = _finish(inspect_run)
@@ -677,7 +733,7 @@ class OciRuntime:
             raise RuntimeUnavailable(f"no uid of the run's own: {exc}") from None
         self._checked = _Checked(
             images=images, images_doc=doc, filter=flt, seccomp_file=program_file, empty=empty,
-            cgroups=layout, mounts=sandbox_fs.can_mount(), uid=claim,
+            cgroups=layout, mounts=sandbox_fs.can_mount(), uid=claim, agent_python=python,
         )  # fmt: skip
 
     def _install_hint(self) -> str:
@@ -728,6 +784,20 @@ class OciRuntime:
         """Each image this runtime runs, by name: its manifest digest (read from its layout and
         checked against the lock by check())."""
         return {name: ref.digest for name, ref in sorted(self._ready().images.items())}
+
+    def agent_environment(self, env: agent_env.AgentEnv | None) -> dict[str, Any]:
+        """The agent container's Python environment, as the manifest's ``agent.environment`` holds
+        it: the agent image (by digest), its interpreter, the distributions it holds and the ale
+        modules, the image's and those of ``env`` bound into it (:func:`module_binds`)."""
+        c = self._ready()
+        python = c.agent_python
+        bound = set(env.modules) - set(agent_env.ale_closure(agent_env.CLIENT_MODULES)[0]) if env else set()
+        return {
+            "image": {"name": AGENT_IMAGE, "digest": c.images[AGENT_IMAGE].digest},
+            "python": {"executable": python["executable"], "version": python["version"], "package": python["package"]},
+            "modules": sorted(set(python["modules"]) | bound),
+            "distributions": list(python["distributions"]),
+        }
 
     def attestation(self) -> dict[str, Any]:
         c = self._ready()
@@ -875,7 +945,10 @@ class OciRuntime:
                     nursery.cancel_scope.cancel()
                 result = attrs.evolve(result, oom_kills=cgroup.oom_kills())  # before its cgroup goes
             finally:
-                if box.kills:  # stopped by force: gone before the harness looks at its workspace again
+                # Stopped by force, or a CLI that died of a signal (a SIGTERM before it passes signals
+                # on ends it, and says nothing of its container): gone before the harness looks at
+                # its workspace again.
+                if box.kills or box.returncode is None or box.returncode < 0:
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(box.remove)
                 self._reaper.submit(functools.partial(_remove_sandbox, box, cgroup))
@@ -1041,9 +1114,9 @@ def _sandbox_files(name: str, limits: Limits, uid: int, c: _Checked) -> Iterator
     folder = _state_folder(name)
     tmp: Path | None = None
     try:
-        events = folder / "events"
+        events = folder / "events"  # the channel; its reader, the harness, opens it in _start
         os.mkfifo(events, 0o600)
-        os.chown(events, uid, uid)
+        os.chmod(events, 0o602)  # root's: the agent may write it (by fd 3 or by path), never read it
         if not c.mounts:
             tmp = folder / "tmp"
             tmp.mkdir(mode=0o700)

@@ -75,7 +75,7 @@ def tasks_of(summary: dict[str, Any]) -> list[str]:
 
 def release_of(summary: dict[str, Any]) -> tuple[Any, str, str]:
     """The submission's release, installed here with the very bytes it was scored against."""
-    from ale.core.release import parse_release
+    from ale.core.parse import ParseError
 
     name = _member(summary, "release", str, "release")
     sha = _member(summary, "release_sha256", str, "release digest")
@@ -85,7 +85,10 @@ def release_of(summary: dict[str, Any]) -> tuple[Any, str, str]:
         raw = catalog.release_bytes(name)
     except (FileNotFoundError, OSError):
         raise RerunError(f"release {name!r} is not installed here") from None
-    manifest, digest = parse_release(raw)
+    try:
+        manifest, digest = catalog.parse_installed_release(raw)
+    except ParseError as exc:
+        raise RerunError(str(exc)) from None
     if digest != sha:
         raise RerunError(
             f"the installed release {name} is not the one the submission was scored against ({sha[:80]!r})"

@@ -161,6 +161,13 @@ class Runtime(Protocol):
         """What ran, for the bundle manifest (digests and how they were computed). It may take a
         while (it hashes what it attests): the harness computes it while the run goes on."""
 
+    def agent_environment(self, env: AgentEnv | None) -> dict[str, Any]:
+        """The Python environment the agent's sandbox runs with, as the bundle manifest's
+        ``agent.environment`` (docs/formats.md): for ``env`` (the agent's environment the harness
+        assembled; None: the client library's alone), what the sandbox's ``/ale/python`` is: the
+        local runtime mounts ``env`` itself, an OCI runtime runs the agent image's own Python with
+        ``env``'s bundled-agent modules bound in. Cheap once check() passed."""
+
     def image_digests(self) -> dict[str, str]:
         """The images it runs, by name: each one's OCI manifest digest (``sha256:...``), as check()
         read it; empty for a backend that runs no image (the local runtime). Cheap once check()
