@@ -23,7 +23,17 @@ from ale.core.parse import ParseError, parse_json
 from ale.gateway import wire
 from ale.gateway.budget import Ledger
 from ale.gateway.config import Budgets, ConfigError, parse_config
-from ale.gateway.framing import CHUNKED, CLOSE, LENGTH, BodyDecoder, FramingError
+from ale.gateway.framing import (
+    CHUNKED,
+    CLOSE,
+    LENGTH,
+    BodyDecoder,
+    FramingError,
+    ResponseHead,
+    head_end,
+    parse_response_head,
+    request_head,
+)
 from ale.gateway.recording import LINE_BYTES, Conversations, fit_line
 from ale.gateway.upstream import body_framing
 
@@ -416,9 +426,89 @@ def test_fuzz_the_body_decoder_raises_only_framing_error(pieces: list[bytes]) ->
         decoder.eof()
 
 
+def test_a_response_head_is_read_as_h11_reads_it() -> None:
+    raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Empty:\r\nx-b:  a  b \r\n\r\nbody"
+    end = head_end(raw)
+    assert raw[end:] == b"body"
+    head = parse_response_head(raw[:end])
+    assert head == ResponseHead(
+        200, b"OK", ((b"content-type", b"text/event-stream"), (b"x-empty", b""), (b"x-b", b"a  b")), b"1.1"
+    )
+    ours = h11.Connection(h11.CLIENT)
+    ours.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+    ours.receive_data(raw)
+    theirs = ours.next_event()
+    assert (theirs.status_code, theirs.reason, list(theirs.headers)) == (
+        head.status_code,
+        head.reason,
+        list(head.headers),
+    )
+    assert head_end(b"HTTP/1.1 204 No Content\n\n") == 25  # a bare LF, as h11 takes it
+    assert head_end(b"HTTP/1.1 200 OK\r\nA: b\r\n") == -1
+    assert parse_response_head(b"HTTP/1.0 200\r\n\r\n").reason == b""
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"HTTP/2 200 OK\r\n\r\n", "status line"),
+        (b"HTTP/1.1 20 OK\r\n\r\n", "status line"),
+        (b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n", "header line"),
+        (b"HTTP/1.1 200 OK\r\nA: b\r\n  folded\r\n\r\n", "header line"),
+        (b"HTTP/1.1 200 OK\r\nA: b\x00c\r\n\r\n", "header line"),
+        (b"HTTP/1.1 200 OK\r\nA: b\rc\r\n\r\n", "header line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "conflicting"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "malformed content-length"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "transfer-coding"),
+        (b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "transfer-coding"),
+    ],
+)
+def test_a_broken_response_head_is_a_framing_error(raw: bytes, words: str) -> None:
+    with pytest.raises(FramingError, match=words):
+        parse_response_head(raw)
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.text(alphabet="ab-:; \t\r\n\x00,7chunkedCONTENT-LENGTHtransfer-encoding", max_size=120).map(str.encode),
+    )
+)
+def test_fuzz_the_response_head_parser_raises_only_framing_error_and_refuses_what_h11_refuses(raw: bytes) -> None:
+    head = b"HTTP/1.1 200 OK\r\n" + raw + b"\r\n\r\n"
+    head = head[: head_end(head)] if head_end(head) > 0 else head
+    try:
+        ours: ResponseHead | None = parse_response_head(head)
+    except FramingError:
+        ours = None
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+    conn.receive_data(head)
+    try:
+        theirs = conn.next_event()
+    except h11.RemoteProtocolError:
+        theirs = None
+    if ours is not None:  # what we take, h11 takes the same way (we may refuse more: folded lines)
+        assert theirs is not None
+        assert (theirs.status_code, list(theirs.headers)) == (ours.status_code, list(ours.headers))
+
+
+def test_a_request_head_cannot_be_split_by_what_it_carries() -> None:
+    assert (
+        request_head("POST", "/v1/x", [("host", "h"), ("a", "b")]) == b"POST /v1/x HTTP/1.1\r\nhost: h\r\na: b\r\n\r\n"
+    )
+    for headers in ([("a", "b\r\nx-injected: 1")], [("a\n", "b")], [("a", "b\x00")]):
+        with pytest.raises(FramingError, match="line break or a NUL"):
+            request_head("POST", "/", headers)
+    with pytest.raises(FramingError):
+        request_head("POST", "/ HTTP/1.1\r\nx: y", [])
+
+
 def test_the_response_framing_follows_rfc_9112() -> None:
-    def response(status: int, *headers: tuple[bytes, bytes]) -> h11.Response:
-        return h11.Response(status_code=status, headers=list(headers))
+    def response(status: int, *headers: tuple[bytes, bytes]) -> ResponseHead:
+        return ResponseHead(status, b"", tuple(headers), b"1.1")
 
     assert body_framing("GET", response(200, (b"transfer-encoding", b"chunked"))) == (CHUNKED, 0)
     assert body_framing("GET", response(200, (b"content-length", b"12"))) == (LENGTH, 12)

@@ -1,6 +1,8 @@
-"""An HTTP/1.1 response body's framing, decoded as its bytes arrive (RFC 9112 section 6-7). Pure: no I/O.
+"""HTTP/1.1 to an upstream, as bytes (RFC 9112): the request head, the response head, the response
+body decoded as its bytes arrive. Pure: no I/O.
 
-The gateway reads an upstream's response head with h11 and the body with :class:`BodyDecoder`:
+:func:`request_head` writes the request head, :func:`parse_response_head` reads the response's (the
+checks h11 makes), and :class:`BodyDecoder` the body:
 chunked, a ``content-length``, or (without either) up to the connection's end. Each
 :meth:`BodyDecoder.feed` gives back the body bytes the piece held and whether the piece was exactly
 whole chunks (so a stream whose framing the agent gets unchanged can pass those bytes on as they came,
@@ -10,7 +12,10 @@ without re-framing). Anything that is not valid framing raises :class:`FramingEr
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Final
+
+import attrs
 
 CHUNKED, LENGTH, CLOSE = "chunked", "length", "close"
 #: a chunk-size line (with any extensions and trailing whitespace) is at most this long
@@ -131,3 +136,69 @@ class BodyDecoder:
         if len(rest) > limit:
             raise FramingError(f"{what} is longer than {limit} bytes")
         self._carry = rest
+
+
+# -- the response head -----------------------------------------------------------------------------------
+
+#: the response head is at most this long (status line and header lines)
+MAX_HEAD: Final = 256 * 1024
+# as h11 reads them (RFC 9110/9112): a status line, header lines, a blank line (CRLF or a bare LF)
+_STATUS_LINE = re.compile(rb"HTTP/([0-9]\.[0-9]) ([0-9]{3})(?: ((?:[ \t]|[^\x00\s])*))?")
+_FIELD = re.compile(rb"([-!#$%&'*+.^_`|~0-9a-zA-Z]+):[ \t]*((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)[ \t]*")
+_HEAD_END = re.compile(rb"\n\r?\n")
+_UNSAFE = re.compile(r"[\r\n\x00]")
+
+
+@attrs.frozen
+class ResponseHead:
+    """A response's status line and headers (names lower-cased, in order)."""
+
+    status_code: int
+    reason: bytes
+    headers: tuple[tuple[bytes, bytes], ...]
+    http_version: bytes
+
+
+def head_end(buffer: bytes, start: int = 0) -> int:
+    """Where the head in ``buffer`` ends (after its blank line), searching from ``start``; -1: not yet."""
+    match = _HEAD_END.search(buffer, start)
+    return -1 if match is None else match.end()
+
+
+def parse_response_head(head: bytes) -> ResponseHead:
+    """A response head (up to and with its blank line), strictly: FramingError for anything else
+    (a folded header line, a transfer-coding other than chunked, conflicting lengths, ...)."""
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in head.split(b"\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    status = _STATUS_LINE.fullmatch(lines[0]) if lines else None
+    if status is None:
+        raise FramingError("a malformed status line")
+    headers = []
+    for line in lines[1:]:
+        field = _FIELD.fullmatch(line)
+        if field is None:
+            raise FramingError("a malformed header line")
+        headers.append((field[1].lower(), field[2]))
+    version, code = status[1], int(status[2])
+    _check_framing(version, headers)
+    return ResponseHead(code, status[3] or b"", tuple(headers), version)
+
+
+def _check_framing(version: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    lengths = {v.strip() for name, value in headers if name == b"content-length" for v in value.split(b",")}
+    if len(lengths) > 1:
+        raise FramingError("conflicting content-length headers")
+    if lengths and not next(iter(lengths)).isdigit():
+        raise FramingError("a malformed content-length")
+    codings = [value for name, value in headers if name == b"transfer-encoding"]
+    if codings and (len(codings) > 1 or codings[0].lower() != b"chunked" or version == b"1.0"):
+        raise FramingError("a transfer-coding other than chunked")
+
+
+def request_head(method: str, target: str, headers: Sequence[tuple[str, str]]) -> bytes:
+    """An HTTP/1.1 request head; FramingError if any part of it would break the framing."""
+    parts = [f"{method} {target} HTTP/1.1\r\n", *(f"{name}: {value}\r\n" for name, value in headers), "\r\n"]
+    if _UNSAFE.search(method + target + "".join(name + value for name, value in headers)):
+        raise FramingError("a request line or header holds a line break or a NUL")
+    return "".join(parts).encode("latin-1")

@@ -30,6 +30,7 @@ from ale.gateway import wire
 from ale.gateway.budget import Ledger
 from ale.gateway.config import Config, Upstream
 from ale.gateway.events import EventLog
+from ale.gateway.framing import ResponseHead
 from ale.gateway.recording import Conversations
 from ale.gateway.transport import RawStream
 from ale.gateway.upstream import Connection, Pool, UpstreamError
@@ -116,19 +117,25 @@ class Agent:
         self.write_scope: trio.CancelScope | None = None
         self.sending = False  # a send is waiting for the agent (interrupted: the connection is unusable)
 
-    async def next_event(self, seconds: float) -> Any:
-        """The next h11 event; trio.TooSlowError if the peer sends nothing for ``seconds``."""
+    async def next_event(self, seconds: float, ex: Exchange | None = None) -> Any:
+        """The next h11 event; trio.TooSlowError if the peer sends nothing for ``seconds``, _Cut
+        if the gateway cuts ``ex`` meanwhile (only a wait has a scope for a cut to cancel)."""
         while True:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
             with trio.CancelScope(deadline=trio.current_time() + seconds) as scope:
+                if ex is not None:
+                    ex.read_scope = scope
                 try:
                     data = await self.stream.receive_some(65536)
                 except _AGENT_ERRORS:
                     raise AgentGone from None
+                finally:
+                    if ex is not None:
+                        ex.read_scope = None
             if scope.cancelled_caught:
-                raise trio.TooSlowError
+                raise _Cut if ex is not None and ex.cut is not None else trio.TooSlowError
             self.h11.receive_data(data)
 
     def frame(self, event: Any) -> bytes:
@@ -323,22 +330,14 @@ class Gateway:
 
     async def _read_body(self, agent: Agent, ex: Exchange) -> bytes | None:
         """The request body, or None once the request is denied (a cut while it comes: 403)."""
-        with trio.CancelScope() as scope:
-            ex.read_scope = scope
-            try:
-                if ex.cut is None:
-                    return await self._body_of(agent, ex)
-            finally:
-                ex.read_scope = None
-        status, code, message, param = self._cut_error(ex.cut or "")
-        await self._deny(agent, ex, status, code, message, close=True, param=param)
-        return None
-
-    async def _body_of(self, agent: Agent, ex: Exchange) -> bytes | None:
         parts: list[bytes] = []
         while True:
             try:
-                event = await agent.next_event(READ_SECONDS)
+                event = await agent.next_event(READ_SECONDS, ex)
+            except _Cut:
+                status, code, message, param = self._cut_error(ex.cut or "")
+                await self._deny(agent, ex, status, code, message, close=True, param=param)
+                return None
             except trio.TooSlowError:
                 await self._deny(agent, ex, 408, "read_timeout", "the request body stalled", close=True)
                 return None
@@ -450,18 +449,21 @@ class Gateway:
     async def _exchange(
         self, agent: Agent, ex: Exchange, pool: Pool, headers: Sequence[tuple[str, str]], body: bytes
     ) -> None:
-        opened: tuple[Connection, h11.Response] | None = None
-        with trio.CancelScope() as ex.read_scope:
+        opened: tuple[Connection, ResponseHead] | None = None
+        failure: str | None = None
+        with trio.CancelScope(deadline=trio.current_time() + self.upstream_seconds) as scope:
+            ex.read_scope = scope
             if ex.cut is None:
                 try:
-                    with trio.fail_after(self.upstream_seconds):
-                        opened = await pool.request(ex.method, ex.path, headers, body)
-                except trio.TooSlowError:
-                    message = f"{pool.upstream.host_header} did not answer in time"
-                    return await self._deny(agent, ex, 504, "upstream_timeout", message, recorded="allowed")
+                    opened = await pool.request(ex.method, ex.path, headers, body)
                 except UpstreamError as error:
-                    return await self._deny(agent, ex, 502, "upstream_failed", str(error), recorded="allowed")
+                    failure = str(error)
         ex.read_scope = None
+        if failure is not None:
+            return await self._deny(agent, ex, 502, "upstream_failed", failure, recorded="allowed")
+        if opened is None and ex.cut is None:  # the deadline, not a cut
+            message = f"{pool.upstream.host_header} did not answer in time"
+            return await self._deny(agent, ex, 504, "upstream_timeout", message, recorded="allowed")
         if opened is None:
             return await self._cut_before_head(agent, ex)
         conn, response = opened
@@ -483,7 +485,7 @@ class Gateway:
             return 429, cut, self._budget_message(name), name
         return 403, "policy_closed", _CLOSED, None
 
-    async def _respond(self, agent: Agent, ex: Exchange, conn: Connection, response: h11.Response) -> None:
+    async def _respond(self, agent: Agent, ex: Exchange, conn: Connection, response: ResponseHead) -> None:
         ex.ttfb = time.monotonic() - ex.started
         ex.status = response.status_code
         if response.status_code == 401:  # never pass on what an upstream says of the gateway's key

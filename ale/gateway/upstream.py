@@ -1,5 +1,5 @@
-"""HTTP/1.1 to the upstreams: h11 for the request and the response head, the body decoded as it
-arrives (:mod:`ale.gateway.framing`), over :class:`~ale.gateway.transport.RawStream` sockets; TLS with
+"""HTTP/1.1 to the upstreams: heads written and read, the body decoded as it arrives, by
+:mod:`ale.gateway.framing`, over :class:`~ale.gateway.transport.RawStream` sockets; TLS with
 verification, a keep-alive pool.
 
 One :class:`Pool` per upstream keeps idle connections (at most :data:`MAX_IDLE`, each for at most
@@ -15,19 +15,28 @@ import contextlib
 import ssl
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
-import h11
 import trio
 
 from ale.gateway.config import Upstream
-from ale.gateway.framing import CHUNKED, CLOSE, LENGTH, BodyDecoder, FramingError
+from ale.gateway.framing import (
+    CHUNKED,
+    CLOSE,
+    LENGTH,
+    MAX_HEAD,
+    BodyDecoder,
+    FramingError,
+    ResponseHead,
+    head_end,
+    parse_response_head,
+    request_head,
+)
 from ale.gateway.transport import READ_BYTES, open_tcp
 
 MAX_IDLE: Final = 256
 IDLE_SECONDS: Final = 30.0
 CONNECT_SECONDS: Final = 30.0
-MAX_RESPONSE_HEADER_BYTES: Final = 256 * 1024
 
 
 class UpstreamError(Exception):
@@ -35,12 +44,11 @@ class UpstreamError(Exception):
 
 
 class Connection:
-    """One connection to an upstream: the request and the response head through h11, the body
-    through :class:`~ale.gateway.framing.BodyDecoder` (read piece by piece as it arrives)."""
+    """One connection to an upstream: HTTP/1.1 as :mod:`ale.gateway.framing` writes and reads it,
+    the body read piece by piece as it arrives."""
 
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.h11 = _client()
         self.idle_since = time.monotonic()
         self.reused = False
         self.received = 0  # bytes of the current response so far
@@ -48,14 +56,30 @@ class Connection:
         self._buffered = b""  # body bytes that came with the head
         self._keep_alive = False
 
-    async def next_event(self) -> Any:
+    async def response_head(self, method: str) -> ResponseHead:
+        """The response's head (informational 1xx ones skipped); the body is read after it."""
+        buffer = b""
         while True:
-            event = self.h11.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            data = await self._receive()
-            self.received += len(data)
-            self.h11.receive_data(data)
+            end = head_end(buffer)
+            while end < 0:
+                if len(buffer) > MAX_HEAD:
+                    raise UpstreamError(f"the upstream's response head is over {MAX_HEAD} bytes")
+                data = await self._receive()
+                if not data:
+                    raise UpstreamError("the upstream closed the connection before answering")
+                self.received += len(data)
+                start, buffer = max(0, len(buffer) - 2), buffer + data
+                end = head_end(buffer, start)
+            try:
+                head = parse_response_head(buffer[:end])
+            except FramingError as error:
+                raise UpstreamError(f"the upstream broke HTTP ({error})") from None
+            buffer = buffer[end:]
+            if not 100 <= head.status_code < 200:
+                self.start_body(method, head, buffer)
+                return head
+            if head.status_code == 101:
+                raise UpstreamError("the upstream broke HTTP (it switched protocols)")
 
     async def _receive(self) -> bytes:
         try:
@@ -70,11 +94,12 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as error:
             raise UpstreamError(f"the connection broke ({type(error).__name__})") from None
 
-    def start_body(self, method: str, response: h11.Response) -> None:
-        """Read the body of ``response`` (to a ``method`` request) from here on with its framing."""
+    def start_body(self, method: str, response: ResponseHead, buffered: bytes) -> None:
+        """Read the body of ``response`` (to a ``method`` request) from here on with its framing
+        (``buffered``: what came after the head)."""
         framing, length = body_framing(method, response)
         self.body = BodyDecoder(framing, length)
-        self._buffered = self.h11.trailing_data[0]
+        self._buffered = buffered
         connection = b",".join(v for k, v in response.headers if k == b"connection").lower()
         self._keep_alive = framing != CLOSE and response.http_version == b"1.1" and b"close" not in connection
 
@@ -114,7 +139,7 @@ class Connection:
 
     def reset(self) -> None:
         """Ready for the next request (after a body read to its end on a reusable connection)."""
-        self.h11, self.body, self._keep_alive = _client(), None, False
+        self.body, self._keep_alive = None, False
         self.idle_since, self.reused, self.received = time.monotonic(), False, 0
 
     async def aclose(self) -> None:
@@ -124,13 +149,9 @@ class Connection:
                 await self.stream.aclose()
 
 
-def _client() -> h11.Connection:
-    return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_RESPONSE_HEADER_BYTES)
-
-
-def body_framing(method: str, response: h11.Response) -> tuple[str, int]:
-    """How a response's body is framed (RFC 9112 section 6.3; h11 has refused a transfer-coding
-    other than chunked and a malformed or conflicting content-length already)."""
+def body_framing(method: str, response: ResponseHead) -> tuple[str, int]:
+    """How a response's body is framed (RFC 9112 section 6.3; :func:`parse_response_head` has
+    refused a transfer-coding other than chunked and a malformed or conflicting content-length)."""
     status = response.status_code
     if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
         return LENGTH, 0
@@ -139,7 +160,7 @@ def body_framing(method: str, response: h11.Response) -> tuple[str, int]:
         if name == b"transfer-encoding":
             return CHUNKED, 0
         if name == b"content-length":
-            length = int(value)
+            length = int(value.split(b",")[0])
     return (CLOSE, 0) if length is None else (LENGTH, length)
 
 
@@ -197,15 +218,13 @@ class Pool:
 
     async def request(
         self, method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes
-    ) -> tuple[Connection, h11.Response]:
+    ) -> tuple[Connection, ResponseHead]:
         """Send a request and read the response's head; the caller reads the body with
         :meth:`Connection.piece` and gives the connection back with :meth:`release` (or closes it)."""
         for attempt in (0, 1):
             conn = await self.acquire()
             try:
-                response = await _exchange(conn, method, target, headers, body)
-                conn.start_body(method, response)
-                return conn, response
+                return conn, await _exchange(conn, method, target, headers, body)
             except UpstreamError:
                 await conn.aclose()
                 if not (conn.reused and attempt == 0 and conn.received == 0):
@@ -218,21 +237,10 @@ class Pool:
 
 async def _exchange(
     conn: Connection, method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes
-) -> h11.Response:
+) -> ResponseHead:
     try:
-        head = conn.h11.send(h11.Request(method=method, target=target, headers=list(headers)))
-        tail = conn.h11.send(h11.Data(data=body)) if body else b""
-        end = conn.h11.send(h11.EndOfMessage())
-    except h11.LocalProtocolError as error:
+        head = request_head(method, target, headers)
+    except FramingError as error:
         raise UpstreamError(f"the request could not be sent ({error})") from None
-    await conn.send(head + (tail or b"") + (end or b""))
-    while True:
-        try:
-            event = await conn.next_event()
-        except h11.RemoteProtocolError as error:
-            raise UpstreamError(f"the upstream broke HTTP ({error})") from None
-        if type(event) is h11.Response:
-            return event
-        if type(event) is h11.ConnectionClosed:
-            raise UpstreamError("the upstream closed the connection before answering")
-        # h11.InformationalResponse (100 Continue, ...): skipped
+    await conn.send(head + body)
+    return await conn.response_head(method)
