@@ -33,7 +33,7 @@ from gateway_process import (
 )
 from llm_upstream import ToolCall, Turn, Upstream, Usage, serve_upstream
 
-from ale.gateway.transport import READY_RUN, RawStream
+from ale.gateway.transport import READY_RUN, Hangups, RawStream
 
 KEY = f"sk-ale-real-{uuid.uuid4().hex}"
 OPENAI_AUTH = {"authorization": f"Bearer {PLACEHOLDER}"}
@@ -861,6 +861,37 @@ async def test_a_raw_stream_closed_under_a_waiting_reader_wakes_it() -> None:
     with pytest.raises(trio.ClosedResourceError):
         stream.send_nowait(b"x")
     right.close()
+
+
+async def test_hangups_report_a_peer_that_closes_not_one_that_sends() -> None:
+    hangups = Hangups()
+    (quiet, quiet_peer), (talking, talking_peer), (closing, closing_peer) = (socket.socketpair() for _ in range(3))
+    heard: list[str] = []
+    first = trio.Event()
+
+    def hear(name: str) -> None:
+        heard.append(name)
+        first.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hangups.run)
+        for name, sock in (("quiet", quiet), ("talking", talking), ("closing", closing)):
+            hangups.add(sock, lambda name=name: hear(name))
+        talking_peer.sendall(b"the next request, pipelined")
+        closing_peer.close()
+        with trio.fail_after(5):
+            await first.wait()
+        await trio.sleep(0.1)
+        assert heard == ["closing"]
+        hangups.remove(quiet)
+        quiet_peer.close()  # no longer watched
+        await trio.sleep(0.1)
+        assert heard == ["closing"]
+        assert talking.recv(100) == b"the next request, pipelined"  # left unread for the next request
+        nursery.cancel_scope.cancel()
+    hangups.close()
+    for sock in (quiet, talking, closing, talking_peer):
+        sock.close()
 
 
 # -- failures --------------------------------------------------------------------------------------------

@@ -71,6 +71,7 @@ async def serve(gateway: Gateway, agent: socket.socket, control: socket.socket, 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(serve_raw, agent, gateway.serve_connection, nursery)
             nursery.start_soon(serve_raw, control, gateway.serve_control, nursery)
+            nursery.start_soon(gateway.hangups.run)
             gateway.started()
             print(json.dumps(ready), flush=True)
             async for _ in signals:

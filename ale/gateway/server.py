@@ -3,10 +3,10 @@
 One task per agent connection reads requests with a bounded h11 parser (:data:`MAX_HEADER_BYTES` of
 head, :data:`MAX_BODY_BYTES` of body, stalls bounded by :data:`READ_SECONDS`) and handles each in
 turn (:meth:`Gateway.handle`): route and allow-list, placeholder, policy, body, budgets, then the
-exchange with the upstream, during which a second task watches the agent's connection so that a
-client that goes away cancels the upstream request at once. Responses are passed on as they
-arrive: a stream event by event (each upstream read's complete events in one write), any other
-body chunk by chunk. Every request ends in exactly one ``llm_request`` event (:meth:`Gateway.finish`),
+exchange with the upstream, during which the agent's connection is watched (one task for all of
+them, :class:`~ale.gateway.transport.Hangups`) so that a client that goes away cancels the upstream
+request at once. Responses are passed on as they arrive: a stream event by event (each upstream
+read's complete events in one write), any other body chunk by chunk. Every request ends in exactly one ``llm_request`` event (:meth:`Gateway.finish`),
 whatever happened, cancellation by SIGTERM included.
 """
 
@@ -32,7 +32,7 @@ from ale.gateway.config import Config, Upstream
 from ale.gateway.events import EventLog
 from ale.gateway.framing import ResponseHead
 from ale.gateway.recording import Conversations
-from ale.gateway.transport import RawStream
+from ale.gateway.transport import Hangups, RawStream
 from ale.gateway.upstream import Connection, Pool, UpstreamError
 
 MAX_HEADER_BYTES: Final = 64 * 1024
@@ -44,7 +44,6 @@ KEEPALIVE_SECONDS: Final = 300.0
 READ_SECONDS: Final = 60.0
 WRITE_SECONDS: Final = 300.0
 UPSTREAM_SECONDS: Final = 600.0
-MAX_PIPELINED: Final = 1 << 20
 #: how long the answer to an exchange the gateway cuts (an error event, a 403) may wait for the agent
 CUT_WRITE_SECONDS: Final = 1.0
 #: a silent upstream's body read ends between ``--upstream-timeout`` and this much of it (the
@@ -206,6 +205,7 @@ class Gateway:
         self.conversations = Conversations()
         self.counts = {"total": 0, "allowed": 0, "denied": 0}
         self.in_flight: dict[str, Exchange] = {}
+        self.hangups = Hangups()
         self.upstream_seconds = upstream_seconds
         self._stall = upstream_seconds * STALL_SLACK
         self.connections = 0
@@ -417,34 +417,17 @@ class Gateway:
         ex.decision = "allowed"
         pool = self.pools[ex.upstream.name]
         out = self._upstream_headers(ex.upstream, headers, len(body))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch, agent, ex, nursery.cancel_scope)
+        sock = agent.stream.socket
+        with trio.CancelScope() as scope:
+            self.hangups.add(sock, lambda: _hung_up(agent, ex, scope))
             try:
                 await self._exchange(agent, ex, pool, out, body)
             except AgentGone:
                 agent.gone = True
             finally:
-                nursery.cancel_scope.cancel()
+                self.hangups.remove(sock)
         if agent.gone and ex.reason is None and not ex.complete:
             ex.reason = "client_disconnected"
-
-    async def _watch(self, agent: Agent, ex: Exchange, scope: trio.CancelScope) -> None:
-        """Cancel the exchange as soon as the agent's connection closes before the response is
-        complete (data it sends meanwhile is kept for its next request, up to :data:`MAX_PIPELINED`
-        bytes)."""
-        try:
-            while True:
-                data = await agent.stream.receive_some(65536)
-                if not data:
-                    break
-                agent.h11.receive_data(data)
-                if len(agent.h11.trailing_data[0]) > MAX_PIPELINED:
-                    return
-        except _AGENT_ERRORS:
-            pass
-        agent.gone = True
-        if not ex.complete:
-            scope.cancel()
 
     async def _exchange(
         self, agent: Agent, ex: Exchange, pool: Pool, headers: Sequence[tuple[str, str]], body: bytes
@@ -778,6 +761,7 @@ class Gateway:
     async def close(self) -> None:
         for pool in self.pools.values():
             await pool.close()
+        self.hangups.close()
 
     # -- the control socket -------------------------------------------------------------------------
 
@@ -868,6 +852,14 @@ async def _drain(conn: Connection) -> None:
                 size += len(piece[0])
         except UpstreamError:
             pass
+
+
+def _hung_up(agent: Agent, ex: Exchange, scope: trio.CancelScope) -> None:
+    """The agent's connection closed (or broke): the exchange is cancelled at once unless its
+    response is already complete (data the agent sent meanwhile stays for its next request)."""
+    agent.gone = True
+    if not ex.complete:
+        scope.cancel()
 
 
 def _raise_if_cancelled(ex: Exchange, scope: trio.CancelScope) -> None:

@@ -13,11 +13,15 @@ readability first instead of trying a ``recv`` that would fail with EAGAIN.
 
 :func:`serve_raw` accepts on a listening socket and hands each connection to a handler as a
 :class:`RawStream`. :func:`open_tcp` connects (Trio's happy eyeballs) and takes the socket over.
+:class:`Hangups` tells when peers hang up, for every socket at once with one task (a task per
+request to watch its agent's socket cost as much as the rest of the request's handling).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import select
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -161,3 +165,38 @@ async def serve_raw(
             await trio.sleep(ACCEPT_RETRY_SECONDS)
             continue
         nursery.start_soon(handler, RawStream(conn))
+
+
+class Hangups:
+    """One task that learns when the peer of any registered socket hangs up (closes its side, or
+    the connection breaks: ``EPOLLRDHUP``, ``EPOLLHUP``, ``EPOLLERR``), for all of them at once: an
+    epoll set of its own, waited on through Trio. What the peer sends meanwhile stays unread in the
+    socket. Each registration is reported once, then forgotten."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll()
+        self._callbacks: dict[int, Callable[[], object]] = {}
+
+    def add(self, sock: socket.socket, callback: Callable[[], object]) -> None:
+        fd = sock.fileno()
+        self._epoll.register(fd, select.EPOLLRDHUP)
+        self._callbacks[fd] = callback
+
+    def remove(self, sock: socket.socket) -> None:
+        fd = sock.fileno()
+        if self._callbacks.pop(fd, None) is not None:
+            with contextlib.suppress(OSError):
+                self._epoll.unregister(fd)
+
+    async def run(self) -> None:
+        while True:
+            await trio.lowlevel.wait_readable(self._epoll.fileno())
+            for fd, _events in self._epoll.poll(0):
+                callback = self._callbacks.pop(fd, None)
+                with contextlib.suppress(OSError):
+                    self._epoll.unregister(fd)
+                if callback is not None:
+                    callback()
+
+    def close(self) -> None:
+        self._epoll.close()
