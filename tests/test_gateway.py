@@ -4,12 +4,15 @@ sandbox), the local test upstream behind it, and everything it records read back
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
 import signal
 import socket
 import stat
+import struct
+import termios
 import threading
 import time
 import uuid
@@ -681,6 +684,11 @@ def _raw_request(gw: Gateway, path: str, body: bytes, length: int | None = None)
     return sock
 
 
+def _unread(sock: socket.socket) -> int:
+    """Bytes sent on ``sock`` that its peer has not read yet (SIOCOUTQ)."""
+    return int(struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0])
+
+
 def test_a_request_cut_by_closing_the_policy_is_recorded_before_the_close_returns(tmp_path: Path) -> None:
     """The close answers once every exchange it cut is in the events file, whatever each was doing:
     a stream whose agent stopped reading (the gateway waits to send), a request waiting for the
@@ -695,7 +703,10 @@ def test_a_request_cut_by_closing_the_policy_is_recorded_before_the_close_return
         while len(up.requests) < 2:
             time.sleep(0.01)
         trickling = _raw_request(gw, "/openai/chat/completions", b'{"model": "m", ', length=1000)
-        time.sleep(0.5)  # the unread stream fills the agent's socket; the body's first bytes are read
+        deadline = time.monotonic() + 10
+        while _unread(trickling) and time.monotonic() < deadline:  # until the gateway has read its head
+            time.sleep(0.01)
+        time.sleep(0.2)  # the unread stream fills the agent's socket
         assert gw.requests() == []
         assert gw.control("POST", "/policy", {"policy": "closed", "phase": "official"}).status_code == 200
         recorded = {e["request_id"]: e for e in gw.requests()}  # at once: no waiting for the log

@@ -6,8 +6,10 @@ turn (:meth:`Gateway.handle`): route and allow-list, placeholder, policy, body, 
 exchange with the upstream, during which the agent's connection is watched (one task for all of
 them, :class:`~ale.gateway.transport.Hangups`) so that a client that goes away cancels the upstream
 request at once. Responses are passed on as they arrive: a stream event by event (each upstream
-read's complete events in one write), any other body chunk by chunk. Every request ends in exactly one ``llm_request`` event (:meth:`Gateway.finish`),
-whatever happened, cancellation by SIGTERM included.
+read's complete events in one write), any other body chunk by chunk. Every request ends in
+exactly one ``llm_request`` event (:meth:`Gateway.finish`), whatever happened, cancellation by
+SIGTERM included; closing the policy (:meth:`Gateway.set_policy`) returns once every exchange it
+cut has ended so.
 """
 
 from __future__ import annotations
