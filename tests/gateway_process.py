@@ -125,8 +125,9 @@ class Gateway:
 @contextmanager
 def run_gateway(
     folder: Path, upstreams: list[dict[str, Any]] | None = None, *, raw_config: bytes | None = None,
-    extra_args: tuple[str, ...] = (), **overrides: Any,
+    extra_args: tuple[str, ...] = (), env: dict[str, str] | None = None, **overrides: Any,
 ) -> Iterator[Gateway]:  # fmt: skip
+    """The gateway as a process (``env``: its environment, default this one's)."""
     folder.mkdir(parents=True, exist_ok=True)
     agent, control, events = folder / "gw.sock", folder / "control.sock", folder / "events.jsonl"
     raw = raw_config if raw_config is not None else json.dumps(config(upstreams or [], **overrides)).encode()
@@ -137,7 +138,7 @@ def run_gateway(
         sys.executable, "-m", "ale.gateway", "serve", "--agent-socket", str(agent), "--control-socket", str(control),
         "--config-fd", str(read_end), "--events", str(events), *extra_args,
     ]  # fmt: skip
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_end,))
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_end,), env=env)
     os.close(read_end)
     assert proc.stdout is not None
     line = proc.stdout.readline()

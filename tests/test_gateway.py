@@ -3,12 +3,16 @@ sandbox), the local test upstream behind it, and everything it records read back
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import os
 import signal
 import socket
 import stat
+import struct
+import termios
 import threading
 import time
 import uuid
@@ -20,6 +24,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+import trio
+import trio.testing
 from gateway_process import (
     PLACEHOLDER,
     Gateway,
@@ -29,6 +35,8 @@ from gateway_process import (
     run_gateway,
 )
 from llm_upstream import ToolCall, Turn, Upstream, Usage, serve_upstream
+
+from ale.gateway.transport import READY_RUN, Hangups, RawStream
 
 KEY = f"sk-ale-real-{uuid.uuid4().hex}"
 OPENAI_AUTH = {"authorization": f"Bearer {PLACEHOLDER}"}
@@ -664,6 +672,55 @@ def test_closing_the_policy_cuts_in_flight_streams(tmp_path: Path) -> None:
         assert 0 < len(event["response"]["text"]) < 2000
 
 
+def _raw_request(gw: Gateway, path: str, body: bytes, length: int | None = None) -> socket.socket:
+    """A request sent on a socket of its own (``length``: the content-length claimed), left unread."""
+    sock = socket.socket(socket.AF_UNIX)
+    sock.connect(gw.agent_socket)
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nauthorization: Bearer {PLACEHOLDER}\r\n"
+        f"content-length: {len(body) if length is None else length}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _unread(sock: socket.socket) -> int:
+    """Bytes sent on ``sock`` that its peer has not read yet (SIOCOUTQ)."""
+    return int(struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0])
+
+
+def test_a_request_cut_by_closing_the_policy_is_recorded_before_the_close_returns(tmp_path: Path) -> None:
+    """The close answers once every exchange it cut is in the events file, whatever each was doing:
+    a stream whose agent stopped reading (the gateway waits to send), a request waiting for the
+    upstream's answer, a request whose body is still coming. The harness reads the file right after."""
+    script = [Turn(text="a" * 4_000_000, chunk_chars=65536), Turn(text="late", delay=5)]
+    with serve_upstream(script=script) as up, run_gateway(tmp_path, [openai_upstream(up)]) as gw:
+        stream = json.dumps({"model": "m", "messages": USER, "stream": True}).encode()
+        unread = _raw_request(gw, "/openai/chat/completions", stream)
+        while len(up.requests) < 1:
+            time.sleep(0.01)
+        waiting = _raw_request(gw, "/openai/chat/completions", json.dumps({"model": "m", "messages": USER}).encode())
+        while len(up.requests) < 2:
+            time.sleep(0.01)
+        trickling = _raw_request(gw, "/openai/chat/completions", b'{"model": "m", ', length=1000)
+        deadline = time.monotonic() + 10
+        while _unread(trickling) and time.monotonic() < deadline:  # until the gateway has read its head
+            time.sleep(0.01)
+        time.sleep(0.2)  # the unread stream fills the agent's socket
+        assert gw.requests() == []
+        assert gw.control("POST", "/policy", {"policy": "closed", "phase": "official"}).status_code == 200
+        recorded = {e["request_id"]: e for e in gw.requests()}  # at once: no waiting for the log
+        for sock in (unread, waiting, trickling):
+            sock.close()
+    assert {rid: (e["decision"], e["status"], e["reason"]) for rid, e in recorded.items()} == {
+        "gw-1": ("allowed", 200, "policy_closed"),  # the stream, its agent not reading
+        "gw-2": ("allowed", 403, "policy_closed"),  # waiting for the upstream's answer
+        "gw-3": ("denied", 403, "policy_closed"),  # its body still coming
+    }
+    kinds = [e["kind"] for e in gw.events()]
+    assert kinds.index("policy_changed") < kinds.index("llm_request")
+
+
 def test_the_sockets_have_their_modes_and_the_control_socket_refuses_bad_requests(gw: Gateway) -> None:
     assert stat.S_IMODE(os.stat(gw.agent_socket).st_mode) == 0o666
     assert stat.S_IMODE(os.stat(gw.control_socket).st_mode) == 0o600
@@ -760,6 +817,92 @@ def test_an_oversized_body_gets_413_in_the_api_format(up: Upstream, gw: Gateway)
     assert reply.json()["error"]["type"] == "request_too_large"
     (event,) = recorded_since(gw, mark, 1)
     assert (event["status"], event["reason"]) == (413, "body_too_large")
+
+
+# -- the sockets ----------------------------------------------------------------------------------------
+
+
+async def test_a_raw_stream_that_never_waits_still_lets_others_run_and_can_be_cancelled() -> None:
+    """A reader whose socket always has data takes no scheduler pass per call, but every
+    READY_RUN calls it takes one: another task runs, and a cancellation arrives before a byte is lost."""
+    left, right = socket.socketpair()
+    total = 150_000  # within the socket's buffer: all there at once
+    right.sendall(b"x" * total)
+    stream = RawStream(left)
+    ticks, received = 0, 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tick)
+        with trio.CancelScope() as scope:
+            while received < total:
+                received += len(await stream.receive_some(1000))
+                if received == total // 2:
+                    scope.cancel()
+        nursery.cancel_scope.cancel()
+    assert ticks >= total // 2000 // READY_RUN
+    assert received < total  # cancelled half way ...
+    rest = b""
+    with contextlib.suppress(BlockingIOError):
+        while data := left.recv(65536):
+            rest += data
+    assert len(rest) == total - received  # ... with no byte lost
+    stream.close()
+    right.close()
+
+
+async def test_a_raw_stream_closed_under_a_waiting_reader_wakes_it() -> None:
+    left, right = socket.socketpair()
+    stream = RawStream(left)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+
+            async def read() -> None:
+                with pytest.raises(trio.ClosedResourceError):
+                    await stream.receive_some()
+
+            nursery.start_soon(read)
+            await trio.testing.wait_all_tasks_blocked()
+            await stream.aclose()
+    with pytest.raises(trio.ClosedResourceError):
+        stream.send_nowait(b"x")
+    right.close()
+
+
+async def test_hangups_report_a_peer_that_closes_not_one_that_sends() -> None:
+    hangups = Hangups()
+    (quiet, quiet_peer), (talking, talking_peer), (closing, closing_peer) = (socket.socketpair() for _ in range(3))
+    heard: list[str] = []
+    first = trio.Event()
+
+    def hear(name: str) -> None:
+        heard.append(name)
+        first.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hangups.run)
+        for name, sock in (("quiet", quiet), ("talking", talking), ("closing", closing)):
+            hangups.add(sock, lambda name=name: hear(name))
+        talking_peer.sendall(b"the next request, pipelined")
+        closing_peer.close()
+        with trio.fail_after(5):
+            await first.wait()
+        await trio.sleep(0.1)
+        assert heard == ["closing"]
+        hangups.remove(quiet)
+        quiet_peer.close()  # no longer watched
+        await trio.sleep(0.1)
+        assert heard == ["closing"]
+        assert talking.recv(100) == b"the next request, pipelined"  # left unread for the next request
+        nursery.cancel_scope.cancel()
+    hangups.close()
+    for sock in (quiet, talking, closing, talking_peer):
+        sock.close()
 
 
 # -- failures --------------------------------------------------------------------------------------------

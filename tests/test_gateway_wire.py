@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import h11
 import orjson
 import pytest
 from fuzzing import fuzz_settings, hostile_json, json_values
@@ -22,7 +23,19 @@ from ale.core.parse import ParseError, parse_json
 from ale.gateway import wire
 from ale.gateway.budget import Ledger
 from ale.gateway.config import Budgets, ConfigError, parse_config
+from ale.gateway.framing import (
+    CHUNKED,
+    CLOSE,
+    LENGTH,
+    BodyDecoder,
+    FramingError,
+    ResponseHead,
+    head_end,
+    parse_response_head,
+    request_head,
+)
 from ale.gateway.recording import LINE_BYTES, Conversations, fit_line
+from ale.gateway.upstream import body_framing
 
 UPSTREAM = {
     "name": "openai",
@@ -214,10 +227,12 @@ def test_anthropic_stream_usage_takes_message_delta_over_message_start() -> None
         "type": "message_start",
         "message": {"usage": {"input_tokens": 3, "cache_read_input_tokens": 7, "output_tokens": 1}},
     }
-    reader.event("message_start", json.dumps(start))
+    reader.event("message_start", json.dumps(start).encode())
     reader.event(
         "message_delta",
-        json.dumps({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 42}}),
+        json.dumps(
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 42}}
+        ).encode(),
     )
     assert reader.usage == wire.Usage(10, 42, 7)
     assert reader.seen.stop == "end_turn"
@@ -246,6 +261,30 @@ def test_fuzz_sse_splitter_any_chunking_gives_the_same_events_and_loses_no_byte(
     assert reader.seen.as_dict() == {"text": "hello", "tool_calls": [], "stop": "stop"}
     assert reader.usage == wire.Usage(3, 2, 0)
     assert reader.estimated_output == 3  # "he" + "secret" + "llo": 11 characters
+
+
+def test_a_reader_takes_whole_events_and_gives_back_the_ones_to_forward() -> None:
+    events = wire.SseSplitter().feed(STREAM)
+    reader = wire.StreamReader("openai", wire.CHAT)
+    assert reader.take(events) is events  # nothing dropped: the same list, so its bytes can go as they came
+    dropping = wire.StreamReader("openai", wire.CHAT, drop_usage_chunk=True)
+    assert dropping.take(events) == [events[0], events[1], events[2], events[4]]
+    assert wire.event_fields(events[0]) == (None, b'{"choices":[{"index":0,"delta":{"content":"he"}}]}')
+    assert wire.event_fields(b"event: ping\r\ndata: a\r\ndata:b\r\n: note\r\n\r\n") == ("ping", b"a\nb")
+    assert wire.event_fields(b": only a comment\n\n") == (None, None)
+
+
+def test_an_event_over_the_pending_limit_is_passed_on_unread() -> None:
+    splitter = wire.SseSplitter(max_pending=64)
+    big = b'data: {"choices":[{"delta":{"content":"' + b"x" * 100
+    first = splitter.feed(b"data: [DONE]\n\n" + big)
+    assert [type(raw) for raw in first] == [bytes, wire.Unread]
+    second = splitter.feed(b'"}}]}\n\ndata: {}\n\n')
+    assert [type(raw) for raw in second] == [wire.Unread, bytes]
+    assert b"".join(first + second) == b"data: [DONE]\n\n" + big + b'"}}]}\n\ndata: {}\n\n'
+    reader = wire.StreamReader("openai", wire.CHAT)
+    assert reader.take(first + second) == first + second
+    assert reader.seen.as_dict()["text"] == ""  # the unread event's text is not read from its pieces
 
 
 def _as_event(value: Any) -> bytes:
@@ -285,6 +324,198 @@ def test_fuzz_whole_response_reader_never_raises(raw: bytes, endpoint: str) -> N
         _, seen = wire.read_response("anthropic" if endpoint == wire.MESSAGES else "openai", endpoint, status, value)
         assert seen is not None
         json.dumps(seen.as_dict())
+
+
+# -- response framing ----------------------------------------------------------------------------------------
+
+
+def _chunked(payloads: list[bytes], trailers: bytes = b"") -> tuple[bytes, set[int]]:
+    """A chunked body and the offsets where a chunk's frame starts (a piece may be passed on as it
+    came only when it starts and ends at one of those, none the last chunk)."""
+    out, starts = b"", set()
+    for payload in payloads:
+        starts.add(len(out))
+        out += b"%x\r\n%s\r\n" % (len(payload), payload)
+    return out + b"0\r\n" + trailers + b"\r\n", starts | {len(out)}
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(
+    st.lists(st.binary(min_size=1, max_size=40), max_size=8),
+    st.sampled_from([b"", b"x-trailer: 1\r\n"]),
+    st.lists(st.integers(0, 600), max_size=12),
+)
+def test_fuzz_a_chunked_body_decodes_the_same_under_any_split_and_whole_chunks_are_flagged(
+    payloads: list[bytes], trailers: bytes, cuts: list[int]
+) -> None:
+    body, starts = _chunked(payloads, trailers)
+    points = sorted({c for c in cuts if c < len(body)})
+    decoder, got = BodyDecoder(CHUNKED), b""
+    for a, b in zip([0, *points], [*points, len(body)], strict=True):
+        data, aligned = decoder.feed(body[a:b])
+        got += data
+        if aligned:
+            assert a in starts, (a, b)
+            assert b in starts, (a, b)
+            assert b < len(body) - len(trailers) - 3, (a, b)  # not the last chunk
+            assert data
+            assert body[a:b].startswith(b"%x\r\n" % len(payloads[sorted(starts).index(a)]))
+    assert got == b"".join(payloads)
+    assert decoder.done
+    assert decoder.extra == b""
+    decoder.eof()
+
+
+def test_whole_chunks_received_at_once_are_flagged_and_anything_else_is_not() -> None:
+    decoder = BodyDecoder(CHUNKED)
+    assert decoder.feed(b"5\r\nhello\r\n") == (b"hello", True)
+    assert decoder.feed(b"1\r\na\r\n2\r\nbc\r\n") == (b"abc", True)
+    assert decoder.feed(b"3;ext=1\r\nabc\r\n") == (b"abc", False)  # an extension: framed anew
+    assert decoder.feed(b"3\r\nab") == (b"ab", False)
+    assert decoder.feed(b"c\r\n") == (b"c", False)
+    assert decoder.feed(b"0\r\n\r\nHTTP/1.1 200 OK") == (b"", False)
+    assert decoder.done
+    assert decoder.extra == b"HTTP/1.1 200 OK"
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"zz\r\n", "malformed chunk size"),
+        (b"0x5\r\nhello\r\n", "malformed chunk size"),
+        (b"+5\r\nhello\r\n", "malformed chunk size"),
+        (b"5\r\nhello!!\r\n", "longer than its size"),
+        (b"1" * 2000, "chunk size line is longer"),
+        (b"0\r\n" + b"x: y\r\n" * 20000, "trailers is longer"),
+    ],
+)
+def test_broken_chunked_framing_is_a_framing_error(data: bytes, words: str) -> None:
+    with pytest.raises(FramingError, match=words):
+        BodyDecoder(CHUNKED).feed(data)
+
+
+def test_a_body_cut_short_is_a_framing_error_unless_the_connection_frames_it() -> None:
+    decoder = BodyDecoder(CHUNKED)
+    decoder.feed(b"5\r\nhel")
+    with pytest.raises(FramingError, match="closed before the end"):
+        decoder.eof()
+    length = BodyDecoder(LENGTH, 5)
+    assert length.feed(b"hel") == (b"hel", False)
+    with pytest.raises(FramingError):
+        length.eof()
+    assert length.feed(b"lo, extra") == (b"lo", False)
+    assert length.done
+    assert length.extra == b", extra"
+    assert BodyDecoder(LENGTH, 0).done
+    close = BodyDecoder(CLOSE)
+    assert close.feed(b"anything") == (b"anything", False)
+    close.eof()
+    assert close.done
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(st.lists(st.binary(max_size=80), max_size=8))
+def test_fuzz_the_body_decoder_raises_only_framing_error(pieces: list[bytes]) -> None:
+    decoder = BodyDecoder(CHUNKED)
+    with contextlib.suppress(FramingError):
+        for piece in pieces:
+            data, _ = decoder.feed(piece)
+            assert len(data) <= len(piece) + 2048
+        decoder.eof()
+
+
+def test_a_response_head_is_read_as_h11_reads_it() -> None:
+    raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Empty:\r\nx-b:  a  b \r\n\r\nbody"
+    end = head_end(raw)
+    assert raw[end:] == b"body"
+    head = parse_response_head(raw[:end])
+    assert head == ResponseHead(
+        200, b"OK", ((b"content-type", b"text/event-stream"), (b"x-empty", b""), (b"x-b", b"a  b")), b"1.1"
+    )
+    ours = h11.Connection(h11.CLIENT)
+    ours.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+    ours.receive_data(raw)
+    theirs = ours.next_event()
+    assert (theirs.status_code, theirs.reason, list(theirs.headers)) == (
+        head.status_code,
+        head.reason,
+        list(head.headers),
+    )
+    assert head_end(b"HTTP/1.1 204 No Content\n\n") == 25  # a bare LF, as h11 takes it
+    assert head_end(b"HTTP/1.1 200 OK\r\nA: b\r\n") == -1
+    assert parse_response_head(b"HTTP/1.0 200\r\n\r\n").reason == b""
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        (b"HTTP/2 200 OK\r\n\r\n", "status line"),
+        (b"HTTP/1.1 20 OK\r\n\r\n", "status line"),
+        (b"HTTP/1.1 200 OK\r\nbad header\r\n\r\n", "header line"),
+        (b"HTTP/1.1 200 OK\r\nA: b\r\n  folded\r\n\r\n", "header line"),
+        (b"HTTP/1.1 200 OK\r\nA: b\x00c\r\n\r\n", "header line"),
+        (b"HTTP/1.1 200 OK\r\nA: b\rc\r\n\r\n", "header line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", "conflicting"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "malformed content-length"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "transfer-coding"),
+        (b"HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", "transfer-coding"),
+    ],
+)
+def test_a_broken_response_head_is_a_framing_error(raw: bytes, words: str) -> None:
+    with pytest.raises(FramingError, match=words):
+        parse_response_head(raw)
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.text(alphabet="ab-:; \t\r\n\x00,7chunkedCONTENT-LENGTHtransfer-encoding", max_size=120).map(str.encode),
+    )
+)
+def test_fuzz_the_response_head_parser_raises_only_framing_error_and_refuses_what_h11_refuses(raw: bytes) -> None:
+    head = b"HTTP/1.1 200 OK\r\n" + raw + b"\r\n\r\n"
+    head = head[: head_end(head)] if head_end(head) > 0 else head
+    try:
+        ours: ResponseHead | None = parse_response_head(head)
+    except FramingError:
+        ours = None
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="GET", target="/", headers=[("host", "x")]))
+    conn.receive_data(head)
+    try:
+        theirs = conn.next_event()
+    except h11.RemoteProtocolError:
+        theirs = None
+    if ours is not None:  # what we take, h11 takes the same way (we may refuse more: folded lines)
+        assert theirs is not None
+        assert (theirs.status_code, list(theirs.headers)) == (ours.status_code, list(ours.headers))
+
+
+def test_a_request_head_cannot_be_split_by_what_it_carries() -> None:
+    assert (
+        request_head("POST", "/v1/x", [("host", "h"), ("a", "b")]) == b"POST /v1/x HTTP/1.1\r\nhost: h\r\na: b\r\n\r\n"
+    )
+    for headers in ([("a", "b\r\nx-injected: 1")], [("a\n", "b")], [("a", "b\x00")]):
+        with pytest.raises(FramingError, match="line break or a NUL"):
+            request_head("POST", "/", headers)
+    with pytest.raises(FramingError):
+        request_head("POST", "/ HTTP/1.1\r\nx: y", [])
+
+
+def test_the_response_framing_follows_rfc_9112() -> None:
+    def response(status: int, *headers: tuple[bytes, bytes]) -> ResponseHead:
+        return ResponseHead(status, b"", tuple(headers), b"1.1")
+
+    assert body_framing("GET", response(200, (b"transfer-encoding", b"chunked"))) == (CHUNKED, 0)
+    assert body_framing("GET", response(200, (b"content-length", b"12"))) == (LENGTH, 12)
+    assert body_framing("GET", response(200)) == (CLOSE, 0)
+    assert body_framing("HEAD", response(200, (b"content-length", b"12"))) == (LENGTH, 0)
+    assert body_framing("POST", response(204)) == (LENGTH, 0)
+    assert body_framing("POST", response(304)) == (LENGTH, 0)
 
 
 # -- recording -----------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import trio
 from ale.gateway.config import MAX_CONFIG_BYTES, Config, ConfigError, parse_config
 from ale.gateway.events import EventLog
 from ale.gateway.server import UPSTREAM_SECONDS, Gateway
+from ale.gateway.transport import serve_raw
 
 
 class CliError(Exception):
@@ -66,11 +67,11 @@ def bind_unix(path: str, mode: int) -> socket.socket:
 
 
 async def serve(gateway: Gateway, agent: socket.socket, control: socket.socket, ready: dict[str, Any]) -> None:
-    listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(s)) for s in (agent, control)]
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.serve_listeners, gateway.serve_connection, [listeners[0]])
-            nursery.start_soon(trio.serve_listeners, gateway.serve_control, [listeners[1]])
+            nursery.start_soon(serve_raw, agent, gateway.serve_connection, nursery)
+            nursery.start_soon(serve_raw, control, gateway.serve_control, nursery)
+            nursery.start_soon(gateway.hangups.run)
             gateway.started()
             print(json.dumps(ready), flush=True)
             async for _ in signals:

@@ -3,11 +3,13 @@
 One task per agent connection reads requests with a bounded h11 parser (:data:`MAX_HEADER_BYTES` of
 head, :data:`MAX_BODY_BYTES` of body, stalls bounded by :data:`READ_SECONDS`) and handles each in
 turn (:meth:`Gateway.handle`): route and allow-list, placeholder, policy, body, budgets, then the
-exchange with the upstream, during which a second task watches the agent's connection so that a
-client that goes away cancels the upstream request at once. Responses are passed on as they
-arrive: a stream event by event (each upstream read's complete events in one write), any other
-body chunk by chunk. Every request ends in exactly one ``llm_request`` event (:meth:`Gateway.finish`),
-whatever happened, cancellation by SIGTERM included.
+exchange with the upstream, during which the agent's connection is watched (one task for all of
+them, :class:`~ale.gateway.transport.Hangups`) so that a client that goes away cancels the upstream
+request at once. Responses are passed on as they arrive: a stream event by event (each upstream
+read's complete events in one write), any other body chunk by chunk. Every request ends in
+exactly one ``llm_request`` event (:meth:`Gateway.finish`), whatever happened, cancellation by
+SIGTERM included; closing the policy (:meth:`Gateway.set_policy`) returns once every exchange it
+cut has ended so.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hmac
 import itertools
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, Final
@@ -29,8 +32,10 @@ from ale.gateway import wire
 from ale.gateway.budget import Ledger
 from ale.gateway.config import Config, Upstream
 from ale.gateway.events import EventLog
+from ale.gateway.framing import ResponseHead
 from ale.gateway.recording import Conversations
-from ale.gateway.upstream import WAIT, Connection, Pool, UpstreamError, next_chunk
+from ale.gateway.transport import Hangups, RawStream
+from ale.gateway.upstream import Connection, Pool, UpstreamError
 
 MAX_HEADER_BYTES: Final = 64 * 1024
 MAX_BODY_BYTES: Final = 32 * 1024 * 1024
@@ -41,7 +46,11 @@ KEEPALIVE_SECONDS: Final = 300.0
 READ_SECONDS: Final = 60.0
 WRITE_SECONDS: Final = 300.0
 UPSTREAM_SECONDS: Final = 600.0
-MAX_PIPELINED: Final = 1 << 20
+#: how long the answer to an exchange the gateway cuts (an error event, a 403) may wait for the agent
+CUT_WRITE_SECONDS: Final = 1.0
+#: a silent upstream's body read ends between ``--upstream-timeout`` and this much of it (the
+#: deadline is moved on only when less than the timeout is left, not at every piece)
+STALL_SLACK: Final = 1.1
 #: request headers passed on to the upstream (and any ``x-stainless-*``); everything else is dropped
 FORWARDED_HEADERS: Final = frozenset(
     {"content-type", "accept", "user-agent", "anthropic-version", "anthropic-beta", "openai-beta", "idempotency-key"}
@@ -88,58 +97,103 @@ class Exchange:
     response: dict[str, Any] | None = None
     metered: bool = False
     cut: str | None = None  # why the gateway ends it early: "policy_closed", "budget_exhausted:NAME"
-    read_scope: trio.CancelScope | None = None
+    read_scope: trio.CancelScope | None = None  # what a cut cancels: a wait for the agent's body or the upstream
+    agent: Agent | None = None
     estimate: int = 0
     complete: bool = False  # the whole response reached the agent
+    ended: trio.Event = attrs.Factory(trio.Event)  # set once it is recorded
 
 
 class Agent:
-    """One agent connection: its stream and its h11 state."""
+    """One agent connection: its stream and its h11 state. Sends go straight to the socket; only one
+    that must wait for the agent to read gets a deadline (:data:`WRITE_SECONDS`, shortened for the
+    answer to a cut)."""
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: RawStream) -> None:
         self.stream = stream
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEADER_BYTES)
         self.gone = False
         self.chunked = False  # the response being sent is chunked
+        self.write_limit = math.inf  # no send waits past this (trio time)
+        self.write_scope: trio.CancelScope | None = None
+        self.sending = False  # a send is waiting for the agent (interrupted: the connection is unusable)
 
-    async def next_event(self, seconds: float) -> Any:
-        """The next h11 event; trio.TooSlowError if the peer sends nothing for ``seconds``."""
+    async def next_event(self, seconds: float, ex: Exchange | None = None) -> Any:
+        """The next h11 event; trio.TooSlowError if the peer sends nothing for ``seconds``, _Cut
+        if the gateway cuts ``ex`` meanwhile (only a wait has a scope for a cut to cancel)."""
         while True:
             event = self.h11.next_event()
             if event is not h11.NEED_DATA:
                 return event
             with trio.CancelScope(deadline=trio.current_time() + seconds) as scope:
+                if ex is not None:
+                    ex.read_scope = scope
                 try:
                     data = await self.stream.receive_some(65536)
                 except _AGENT_ERRORS:
                     raise AgentGone from None
+                finally:
+                    if ex is not None:
+                        ex.read_scope = None
             if scope.cancelled_caught:
-                raise trio.TooSlowError
-            self.h11.receive_data(bytes(data))
+                raise _Cut if ex is not None and ex.cut is not None else trio.TooSlowError
+            self.h11.receive_data(data)
 
-    def _frame(self, event: Any) -> bytes:
-        """An event's bytes: a stream's Data framed here (what h11 would write, without its
+    def frame(self, event: Any) -> bytes:
+        """An event's bytes: a chunked body's Data framed here (what h11 would write, without its
         bookkeeping: a chunked body has no length to track), the rest by h11."""
         if self.chunked and type(event) is h11.Data:
-            return b"%x\r\n%s\r\n" % (len(event.data), event.data) if event.data else b""
+            return self.frame_data(event.data)
         data = self.h11.send(event) or b""
         if type(event) is h11.Response:
             self.chunked = b"\r\ntransfer-encoding: chunked\r\n" in data.lower()
         return data
 
+    def frame_data(self, data: bytes) -> bytes:
+        """Body bytes as they go on the wire."""
+        if not self.chunked:
+            return self.h11.send(h11.Data(data=data)) or b""
+        return b"%x\r\n%s\r\n" % (len(data), data) if data else b""
+
     async def send(self, *events: Any) -> int:
         """Send h11 events; the body bytes sent."""
-        data = b"".join(self._frame(event) for event in events)
-        if data:
-            with trio.CancelScope(deadline=trio.current_time() + WRITE_SECONDS) as scope:
-                try:
-                    await self.stream.send_all(data)
-                except _AGENT_ERRORS:
-                    scope.cancel()
-            if scope.cancel_called:  # it broke, or stopped reading for WRITE_SECONDS
-                self.gone = True
-                raise AgentGone
+        await self.write(b"".join(self.frame(event) for event in events))
         return sum(len(e.data) for e in events if type(e) is h11.Data)
+
+    async def write(self, data: bytes | bytearray, pause: trio.CancelScope | None = None) -> bool:
+        """Send bytes; whether the send had to wait for the agent (``pause``: a scope whose deadline
+        does not run meanwhile, the caller's wait for its upstream). AgentGone if it broke, or
+        stopped reading for :data:`WRITE_SECONDS` (or past :attr:`write_limit`)."""
+        if not data:
+            return False
+        try:
+            rest = self.stream.send_nowait(data)
+        except _AGENT_ERRORS:
+            self.gone = True
+            raise AgentGone from None
+        if rest is None:
+            return False
+        if pause is not None:
+            pause.deadline = math.inf
+        with trio.CancelScope(deadline=min(trio.current_time() + WRITE_SECONDS, self.write_limit)) as scope:
+            self.write_scope, self.sending = scope, True
+            try:
+                await self.stream.send_rest(rest)
+            except _AGENT_ERRORS:
+                scope.cancel()
+            finally:
+                self.write_scope = None
+            self.sending = False
+        if scope.cancel_called:
+            self.gone = True
+            raise AgentGone
+        return True
+
+    def hurry(self, seconds: float) -> None:
+        """From now on no send waits more than ``seconds`` (the one waiting now included)."""
+        self.write_limit = min(self.write_limit, trio.current_time() + seconds)
+        if self.write_scope is not None:
+            self.write_scope.deadline = min(self.write_scope.deadline, self.write_limit)
 
 
 class Gateway:
@@ -153,7 +207,9 @@ class Gateway:
         self.conversations = Conversations()
         self.counts = {"total": 0, "allowed": 0, "denied": 0}
         self.in_flight: dict[str, Exchange] = {}
+        self.hangups = Hangups()
         self.upstream_seconds = upstream_seconds
+        self._stall = upstream_seconds * STALL_SLACK
         self.connections = 0
         self.stopping = False
         self._ids = itertools.count(1)
@@ -161,7 +217,7 @@ class Gateway:
 
     # -- the agent socket ---------------------------------------------------------------------------
 
-    async def serve_connection(self, stream: trio.abc.Stream) -> None:
+    async def serve_connection(self, stream: RawStream) -> None:
         self.connections += 1
         agent = Agent(stream)
         try:
@@ -206,6 +262,7 @@ class Gateway:
     async def handle(self, agent: Agent, request: h11.Request) -> None:
         target = request.target.decode("ascii", "replace")
         ex = Exchange(self._next_id(), request.method.decode("ascii", "replace"), target, time.monotonic())
+        ex.agent, agent.write_limit = agent, math.inf
         self.in_flight[ex.request_id] = ex
         ended = False
         try:
@@ -218,7 +275,10 @@ class Gateway:
             if not ended:  # cancelled (SIGTERM), or a defect
                 ex.reason = ex.reason or ("gateway_stopped" if self.stopping else "internal_error")
                 agent.gone = True
-            self.finish(ex)
+            try:
+                self.finish(ex)
+            finally:
+                ex.ended.set()
 
     async def _handle(self, agent: Agent, request: h11.Request, ex: Exchange) -> None:
         headers = dict(request.headers)  # h11 lower-cases the names
@@ -271,10 +331,15 @@ class Gateway:
         return None
 
     async def _read_body(self, agent: Agent, ex: Exchange) -> bytes | None:
+        """The request body, or None once the request is denied (a cut while it comes: 403)."""
         parts: list[bytes] = []
         while True:
             try:
-                event = await agent.next_event(READ_SECONDS)
+                event = await agent.next_event(READ_SECONDS, ex)
+            except _Cut:
+                status, code, message, param = self._cut_error(ex.cut or "")
+                await self._deny(agent, ex, status, code, message, close=True, param=param)
+                return None
             except trio.TooSlowError:
                 await self._deny(agent, ex, 408, "read_timeout", "the request body stalled", close=True)
                 return None
@@ -354,50 +419,36 @@ class Gateway:
         ex.decision = "allowed"
         pool = self.pools[ex.upstream.name]
         out = self._upstream_headers(ex.upstream, headers, len(body))
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch, agent, ex, nursery.cancel_scope)
+        sock = agent.stream.socket
+        with trio.CancelScope() as scope:
+            self.hangups.add(sock, lambda: _hung_up(agent, ex, scope))
             try:
                 await self._exchange(agent, ex, pool, out, body)
             except AgentGone:
                 agent.gone = True
             finally:
-                nursery.cancel_scope.cancel()
+                self.hangups.remove(sock)
         if agent.gone and ex.reason is None and not ex.complete:
             ex.reason = "client_disconnected"
-
-    async def _watch(self, agent: Agent, ex: Exchange, scope: trio.CancelScope) -> None:
-        """Cancel the exchange as soon as the agent's connection closes before the response is
-        complete (data it sends meanwhile is kept for its next request, up to :data:`MAX_PIPELINED`
-        bytes)."""
-        try:
-            while True:
-                data = await agent.stream.receive_some(65536)
-                if not data:
-                    break
-                agent.h11.receive_data(bytes(data))
-                if len(agent.h11.trailing_data[0]) > MAX_PIPELINED:
-                    return
-        except _AGENT_ERRORS:
-            pass
-        agent.gone = True
-        if not ex.complete:
-            scope.cancel()
 
     async def _exchange(
         self, agent: Agent, ex: Exchange, pool: Pool, headers: Sequence[tuple[str, str]], body: bytes
     ) -> None:
-        opened: tuple[Connection, h11.Response] | None = None
-        with trio.CancelScope() as ex.read_scope:
+        opened: tuple[Connection, ResponseHead] | None = None
+        failure: str | None = None
+        with trio.CancelScope(deadline=trio.current_time() + self.upstream_seconds) as scope:
+            ex.read_scope = scope
             if ex.cut is None:
                 try:
-                    with trio.fail_after(self.upstream_seconds):
-                        opened = await pool.request(ex.method, ex.path, headers, body)
-                except trio.TooSlowError:
-                    message = f"{pool.upstream.host_header} did not answer in time"
-                    return await self._deny(agent, ex, 504, "upstream_timeout", message, recorded="allowed")
+                    opened = await pool.request(ex.method, ex.path, headers, body)
                 except UpstreamError as error:
-                    return await self._deny(agent, ex, 502, "upstream_failed", str(error), recorded="allowed")
+                    failure = str(error)
         ex.read_scope = None
+        if failure is not None:
+            return await self._deny(agent, ex, 502, "upstream_failed", failure, recorded="allowed")
+        if opened is None and ex.cut is None:  # the deadline, not a cut
+            message = f"{pool.upstream.host_header} did not answer in time"
+            return await self._deny(agent, ex, 504, "upstream_timeout", message, recorded="allowed")
         if opened is None:
             return await self._cut_before_head(agent, ex)
         conn, response = opened
@@ -419,11 +470,13 @@ class Gateway:
             return 429, cut, self._budget_message(name), name
         return 403, "policy_closed", _CLOSED, None
 
-    async def _respond(self, agent: Agent, ex: Exchange, conn: Connection, response: h11.Response) -> None:
+    async def _respond(self, agent: Agent, ex: Exchange, conn: Connection, response: ResponseHead) -> None:
         ex.ttfb = time.monotonic() - ex.started
         ex.status = response.status_code
         if response.status_code == 401:  # never pass on what an upstream says of the gateway's key
-            await _drain(conn)
+            with trio.CancelScope() as ex.read_scope:
+                await _drain(conn)
+            ex.read_scope = None
             message = f"the upstream {ex.upstream.name if ex.upstream else ''} refused the gateway's credentials"
             return await self._deny(agent, ex, 502, "upstream_auth_failed", message, recorded="allowed")
         content_type = next((v for k, v in response.headers if k == b"content-type"), b"")
@@ -441,45 +494,51 @@ class Gateway:
         else:
             await self._body(agent, ex, conn, head)
 
-    async def _next(self, ex: Exchange, conn: Connection, pending: list[Any], agent: Agent) -> bytes | None:
-        """The next piece of the upstream's body (None: its end). What is already buffered comes at
-        once; before waiting for more, the ``pending`` events go to the agent (so one send carries a
-        head and the body that came with it). Raises _Cut when the gateway ends the exchange, and
-        trio.TooSlowError when the upstream stalls."""
-        ready = conn.poll_chunk()
-        if ready is not WAIT:
-            return ready
-        if pending:
-            ex.bytes_out += await agent.send(*pending)
-            pending.clear()
-        scope = ex.read_scope = trio.CancelScope(deadline=trio.current_time() + self.upstream_seconds)
-        with scope:
-            if ex.cut is None:
-                chunk = await next_chunk(conn)
-                ex.read_scope = None
-                return chunk
-        ex.read_scope = None
+    async def _piece(
+        self, agent: Agent, ex: Exchange, conn: Connection, out: _Out, scope: trio.CancelScope
+    ) -> tuple[bytes, bytes | None] | None:
+        """The next piece of the upstream's body (None: its end), read within ``scope`` (the
+        exchange's wait for its upstream: cancelled by a cut, its deadline moved on as pieces come).
+        What is pending goes to the agent before waiting for more (a piece already received goes out
+        with it: one send carries a head and the body that came with it). _Cut once the gateway
+        ends the exchange."""
         if ex.cut is not None:
             raise _Cut
-        raise trio.TooSlowError
+        if out.parts and not conn.ready and await agent.write(out.take(ex), scope):
+            scope.deadline = trio.current_time() + self._stall  # the agent was slow, not the upstream
+        piece = await conn.piece()
+        now = trio.current_time()
+        if scope.deadline - now < self.upstream_seconds:
+            scope.deadline = now + self._stall
+        return piece
+
+    def _wait_scope(self, ex: Exchange) -> trio.CancelScope:
+        ex.read_scope = trio.CancelScope(deadline=trio.current_time() + self._stall)
+        return ex.read_scope
 
     async def _body(self, agent: Agent, ex: Exchange, conn: Connection, head: h11.Response) -> None:
         kept: list[bytes] | None = [] if ex.metered or ex.status >= 400 else None
         size = 0
-        pending: list[Any] = [head]
+        out = _Out(agent.frame(head))
         try:
-            while (chunk := await self._next(ex, conn, pending, agent)) is not None:
-                if kept is not None:
-                    size += len(chunk)
-                    kept = kept if size <= MAX_PARSED_RESPONSE else None
+            with self._wait_scope(ex) as scope:
+                while (piece := await self._piece(agent, ex, conn, out, scope)) is not None:
+                    chunk, raw = piece
                     if kept is not None:
-                        kept.append(chunk)
-                pending.append(h11.Data(data=chunk))
+                        size += len(chunk)
+                        kept = kept if size <= MAX_PARSED_RESPONSE else None
+                        if kept is not None:
+                            kept.append(chunk)
+                    out.add(raw if raw is not None and agent.chunked else agent.frame_data(chunk), len(chunk))
+            _raise_if_cancelled(ex, scope)
         except (_Cut, UpstreamError, trio.TooSlowError) as error:
             ex.reason = ex.cut or _failure(error)
             agent.gone = True  # a body cut short: only closing the connection says so
             return
-        ex.bytes_out += await agent.send(*pending, h11.EndOfMessage())
+        finally:
+            ex.read_scope = None
+        out.add(agent.frame(h11.EndOfMessage()), 0)
+        await agent.write(out.take(ex))
         ex.complete = True
         if kept is not None:
             self._read_whole(ex, b"".join(kept))
@@ -497,31 +556,48 @@ class Gateway:
         ex.response = seen.as_dict() if seen is not None else None
 
     async def _stream(self, agent: Agent, ex: Exchange, conn: Connection, head: h11.Response) -> None:
+        """Pass a stream on event by event: each piece's whole events in one write, as the upstream
+        framed them when its piece was exactly those events in whole chunks, else framed here."""
         splitter = wire.SseSplitter()
         reader = wire.StreamReader(ex.api, ex.endpoint or "", drop_usage_chunk=ex.usage_source == "injected")
         ex.usage_source = "none"
-        pending: list[Any] = [head]
+        metered = ex.metered and self.ledger.limits.output_tokens is not None  # only then can it go over
+        out = _Out(agent.frame(head))
         try:
-            while (chunk := await self._next(ex, conn, pending, agent)) is not None:
-                out = [raw for raw, name, data in splitter.feed(chunk) if reader.event(name, data)]
-                if out:
-                    pending.append(h11.Data(data=b"".join(out)))
-                if ex.metered and self.ledger.estimate(ex.request_id, reader.estimated_output):
-                    ex.cut = ex.cut or "budget_exhausted:output_tokens"
+            with self._wait_scope(ex) as scope:
+                while (piece := await self._piece(agent, ex, conn, out, scope)) is not None:
+                    chunk, raw = piece
+                    held = splitter.pending
+                    events = splitter.feed(chunk)
+                    kept = reader.take(events)
+                    if raw is not None and kept is events and not held and not splitter.pending and agent.chunked:
+                        out.add(raw, len(chunk))
+                    elif kept:
+                        data = b"".join(kept)
+                        out.add(agent.frame_data(data), len(data))
+                    if metered and self.ledger.estimate(ex.request_id, reader.estimated_output):
+                        ex.cut = ex.cut or "budget_exhausted:output_tokens"
+            _raise_if_cancelled(ex, scope)
             rest = splitter.flush()
             if rest:
-                pending.append(h11.Data(data=rest))
+                out.add(agent.frame_data(rest), len(rest))
         except (_Cut, UpstreamError, trio.TooSlowError) as error:
             ex.reason = ex.cut or _failure(error)
-            await self._end_stream(agent, ex, pending)
+            await self._end_stream(agent, ex, out)
             return
         finally:
+            ex.read_scope = None
             self._read_stream(ex, reader)
-        ex.bytes_out += await agent.send(*pending, h11.EndOfMessage())
+        out.add(agent.frame(h11.EndOfMessage()), 0)
+        await agent.write(out.take(ex))
         ex.complete = True
 
-    async def _end_stream(self, agent: Agent, ex: Exchange, pending: list[Any]) -> None:
-        """End a stream the gateway cut, or whose upstream failed, with an error event."""
+    async def _end_stream(self, agent: Agent, ex: Exchange, out: _Out) -> None:
+        """End a stream the gateway cut, or whose upstream failed, with an error event (unless a
+        send to the agent was interrupted half way: then only closing the connection can end it)."""
+        if agent.sending:
+            agent.gone = True
+            return
         if ex.cut is not None:
             status, code, message, param = self._cut_error(ex.cut)
         elif ex.reason == "upstream_timeout":
@@ -529,7 +605,9 @@ class Gateway:
         else:
             status, code, message, param = 502, "upstream_failed", "the upstream broke the stream", None
         event = wire.stream_error(ex.api, status, message, code, param)
-        ex.bytes_out += await agent.send(*pending, h11.Data(data=event), h11.EndOfMessage())
+        out.add(agent.frame_data(event), len(event))
+        out.add(agent.frame(h11.EndOfMessage()), 0)
+        await agent.write(out.take(ex))
 
     def _read_stream(self, ex: Exchange, reader: wire.StreamReader) -> None:
         ex.estimate = reader.estimated_output
@@ -634,18 +712,27 @@ class Gateway:
 
     # -- control ------------------------------------------------------------------------------------
 
-    def set_policy(self, policy: str, phase: str | None) -> None:
+    async def set_policy(self, policy: str, phase: str | None) -> None:
+        """Open or close; closing cuts every exchange in flight and returns once each is recorded."""
         self.policy, self.phase = policy, phase
         self.log.write("policy_changed", policy=policy, phase=phase)
         if policy == "closed":
-            self.cut_all("policy_closed")
+            for ex in self.cut_all("policy_closed"):
+                await ex.ended.wait()
 
-    def cut_all(self, reason: str) -> None:
-        for ex in self.in_flight.values():
-            if ex.decision == "allowed" and ex.cut is None:
+    def cut_all(self, reason: str) -> list[Exchange]:
+        """Cut every exchange in flight (one whose response is complete only ends); the exchanges, to
+        wait for. Each ends at once: a wait for its body or its upstream is cancelled, and its answer
+        (the 403, the error event) waits at most :data:`CUT_WRITE_SECONDS` for the agent."""
+        exchanges = list(self.in_flight.values())
+        for ex in exchanges:
+            if ex.cut is None and not ex.complete:
                 ex.cut = reason
                 if ex.read_scope is not None:
                     ex.read_scope.cancel()
+            if ex.agent is not None:
+                ex.agent.hurry(CUT_WRITE_SECONDS)
+        return exchanges
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -676,10 +763,11 @@ class Gateway:
     async def close(self) -> None:
         for pool in self.pools.values():
             await pool.close()
+        self.hangups.close()
 
     # -- the control socket -------------------------------------------------------------------------
 
-    async def serve_control(self, stream: trio.abc.Stream) -> None:
+    async def serve_control(self, stream: RawStream) -> None:
         agent = Agent(stream)
         try:
             with trio.move_on_after(READ_SECONDS):
@@ -717,7 +805,7 @@ class Gateway:
         extra = set(value) - {"policy", "phase"} if type(value) is dict else set()
         if policy not in ("open", "closed") or extra or not (phase is None or _is_phase(phase)):
             return 400, {"error": 'expected {"policy": "open" | "closed", "phase": [a-z_]{1,32} (optional)}'}
-        self.set_policy(policy, phase)
+        await self.set_policy(policy, phase)
         return 200, {"policy": self.policy, "phase": self.phase}
 
 
@@ -762,12 +850,49 @@ async def _drain(conn: Connection) -> None:
     with trio.move_on_after(10):
         try:
             size = 0
-            while (chunk := await next_chunk(conn)) is not None and size < MAX_PARSED_RESPONSE:
-                size += len(chunk)
+            while (piece := await conn.piece()) is not None and size < MAX_PARSED_RESPONSE:
+                size += len(piece[0])
         except UpstreamError:
             pass
 
 
-async def _close(stream: trio.abc.Stream) -> None:
+def _hung_up(agent: Agent, ex: Exchange, scope: trio.CancelScope) -> None:
+    """The agent's connection closed (or broke): the exchange is cancelled at once unless its
+    response is already complete (data the agent sent meanwhile stays for its next request)."""
+    agent.gone = True
+    if not ex.complete:
+        scope.cancel()
+
+
+def _raise_if_cancelled(ex: Exchange, scope: trio.CancelScope) -> None:
+    """After an exchange's wait for its upstream: _Cut if the gateway cut it, TooSlowError if the
+    upstream went silent for its timeout."""
+    if scope.cancelled_caught:
+        raise _Cut if ex.cut is not None else trio.TooSlowError
+
+
+class _Out:
+    """Bytes waiting to go to the agent, and how many of them are body bytes."""
+
+    __slots__ = ("body", "parts")
+
+    def __init__(self, first: bytes) -> None:
+        self.parts = [first] if first else []
+        self.body = 0
+
+    def add(self, data: bytes, body: int) -> None:
+        if data:
+            self.parts.append(data)
+        self.body += body
+
+    def take(self, ex: Exchange) -> bytes:
+        """All of it, counted as sent on ``ex``."""
+        data = b"".join(self.parts)
+        ex.bytes_out += self.body
+        self.parts, self.body = [], 0
+        return data
+
+
+async def _close(stream: RawStream) -> None:
     with contextlib.suppress(*_AGENT_ERRORS):
         await stream.aclose()

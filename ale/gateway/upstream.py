@@ -1,4 +1,6 @@
-"""HTTP/1.1 to the upstreams: h11 over Trio streams, TLS with verification, a keep-alive pool.
+"""HTTP/1.1 to the upstreams: heads written and read, the body decoded as it arrives, by
+:mod:`ale.gateway.framing`, over :class:`~ale.gateway.transport.RawStream` sockets; TLS with
+verification, a keep-alive pool.
 
 One :class:`Pool` per upstream keeps idle connections (at most :data:`MAX_IDLE`, each for at most
 :data:`IDLE_SECONDS`). https connections verify the certificate chain against the system's CAs
@@ -13,18 +15,28 @@ import contextlib
 import ssl
 import time
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Final
 
-import h11
 import trio
 
 from ale.gateway.config import Upstream
+from ale.gateway.framing import (
+    CHUNKED,
+    CLOSE,
+    LENGTH,
+    MAX_HEAD,
+    BodyDecoder,
+    FramingError,
+    ResponseHead,
+    head_end,
+    parse_response_head,
+    request_head,
+)
+from ale.gateway.transport import READ_BYTES, open_tcp
 
-MAX_IDLE: Final = 64
+MAX_IDLE: Final = 256
 IDLE_SECONDS: Final = 30.0
 CONNECT_SECONDS: Final = 30.0
-READ_BYTES: Final = 65536
-MAX_RESPONSE_HEADER_BYTES: Final = 256 * 1024
 
 
 class UpstreamError(Exception):
@@ -32,24 +44,49 @@ class UpstreamError(Exception):
 
 
 class Connection:
+    """One connection to an upstream: HTTP/1.1 as :mod:`ale.gateway.framing` writes and reads it,
+    the body read piece by piece as it arrives."""
+
     def __init__(self, stream: trio.abc.Stream) -> None:
         self.stream = stream
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_RESPONSE_HEADER_BYTES)
         self.idle_since = time.monotonic()
         self.reused = False
         self.received = 0  # bytes of the current response so far
+        self.body: BodyDecoder | None = None
+        self._buffered = b""  # body bytes that came with the head
+        self._keep_alive = False
 
-    async def next_event(self) -> Any:
+    async def response_head(self, method: str) -> ResponseHead:
+        """The response's head (informational 1xx ones skipped); the body is read after it."""
+        buffer = b""
         while True:
-            event = self.h11.next_event()
-            if event is not h11.NEED_DATA:
-                return event
+            end = head_end(buffer)
+            while end < 0:
+                if len(buffer) > MAX_HEAD:
+                    raise UpstreamError(f"the upstream's response head is over {MAX_HEAD} bytes")
+                data = await self._receive()
+                if not data:
+                    raise UpstreamError("the upstream closed the connection before answering")
+                self.received += len(data)
+                start, buffer = max(0, len(buffer) - 2), buffer + data
+                end = head_end(buffer, start)
             try:
-                data = await self.stream.receive_some(READ_BYTES)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as error:
-                raise UpstreamError(f"the connection broke ({type(error).__name__})") from None
-            self.received += len(data)
-            self.h11.receive_data(bytes(data))
+                head = parse_response_head(buffer[:end])
+            except FramingError as error:
+                raise UpstreamError(f"the upstream broke HTTP ({error})") from None
+            buffer = buffer[end:]
+            if not 100 <= head.status_code < 200:
+                self.start_body(method, head, buffer)
+                return head
+            if head.status_code == 101:
+                raise UpstreamError("the upstream broke HTTP (it switched protocols)")
+
+    async def _receive(self) -> bytes:
+        try:
+            data = await self.stream.receive_some(READ_BYTES)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as error:
+            raise UpstreamError(f"the connection broke ({type(error).__name__})") from None
+        return data if type(data) is bytes else bytes(data)
 
     async def send(self, data: bytes) -> None:
         try:
@@ -57,28 +94,74 @@ class Connection:
         except (trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError) as error:
             raise UpstreamError(f"the connection broke ({type(error).__name__})") from None
 
-    def poll_chunk(self) -> bytes | None:
-        """The body's next piece if h11 already holds it (None: the body's end), else :data:`WAIT`."""
-        try:
-            event = self.h11.next_event()
-        except h11.RemoteProtocolError as error:
-            raise UpstreamError(f"the upstream broke HTTP ({error})") from None
-        if type(event) is h11.Data:
-            return bytes(event.data)
-        if type(event) is h11.EndOfMessage:
-            return None
-        if type(event) is h11.ConnectionClosed:
-            raise UpstreamError("the upstream closed the connection mid-response")
-        return WAIT
+    def start_body(self, method: str, response: ResponseHead, buffered: bytes) -> None:
+        """Read the body of ``response`` (to a ``method`` request) from here on with its framing
+        (``buffered``: what came after the head)."""
+        framing, length = body_framing(method, response)
+        self.body = BodyDecoder(framing, length)
+        self._buffered = buffered
+        connection = b",".join(v for k, v in response.headers if k == b"connection").lower()
+        self._keep_alive = framing != CLOSE and response.http_version == b"1.1" and b"close" not in connection
+
+    @property
+    def ready(self) -> bool:
+        """Whether :meth:`piece` has its answer without waiting (bytes that came with the head, or the end)."""
+        return bool(self._buffered) or (self.body is not None and self.body.done)
+
+    async def piece(self) -> tuple[bytes, bytes | None] | None:
+        """The body's next piece as it arrives: (its bytes, the bytes as received when they were
+        exactly whole chunks, else None); None at the body's end; UpstreamError if it breaks."""
+        body = self.body
+        assert body is not None, "start_body first"
+        while not body.done:
+            if self._buffered:
+                data, self._buffered = self._buffered, b""
+            else:
+                data = await self._receive()
+                if not data:
+                    try:
+                        body.eof()
+                    except FramingError:
+                        raise UpstreamError("the upstream closed the connection mid-response") from None
+                    return None
+            self.received += len(data)
+            try:
+                payload, aligned = body.feed(data)
+            except FramingError as error:
+                raise UpstreamError(f"the upstream broke HTTP ({error})") from None
+            if payload:
+                return payload, data if aligned else None
+        return None
 
     def reusable(self) -> bool:
-        return self.h11.our_state is h11.DONE and self.h11.their_state is h11.DONE
+        body = self.body
+        return body is not None and body.done and not body.extra and not self._buffered and self._keep_alive
+
+    def reset(self) -> None:
+        """Ready for the next request (after a body read to its end on a reusable connection)."""
+        self.body, self._keep_alive = None, False
+        self.idle_since, self.reused, self.received = time.monotonic(), False, 0
 
     async def aclose(self) -> None:
         with trio.move_on_after(1) as scope:
             scope.shield = True
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, ssl.SSLError, OSError):
                 await self.stream.aclose()
+
+
+def body_framing(method: str, response: ResponseHead) -> tuple[str, int]:
+    """How a response's body is framed (RFC 9112 section 6.3; :func:`parse_response_head` has
+    refused a transfer-coding other than chunked and a malformed or conflicting content-length)."""
+    status = response.status_code
+    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        return LENGTH, 0
+    length: int | None = None
+    for name, value in response.headers:
+        if name == b"transfer-encoding":
+            return CHUNKED, 0
+        if name == b"content-length":
+            length = int(value.split(b",")[0])
+    return (CLOSE, 0) if length is None else (LENGTH, length)
 
 
 class Pool:
@@ -94,7 +177,7 @@ class Pool:
         upstream = self.upstream
         try:
             with trio.fail_after(CONNECT_SECONDS):
-                stream: trio.abc.Stream = await trio.open_tcp_stream(upstream.host, upstream.port)
+                stream: trio.abc.Stream = await open_tcp(upstream.host, upstream.port)
                 if self._tls is not None:
                     tls = trio.SSLStream(stream, self._tls, server_hostname=upstream.host, https_compatible=True)
                     await tls.do_handshake()
@@ -124,8 +207,7 @@ class Pool:
     async def release(self, conn: Connection) -> None:
         """Keep ``conn`` for the next request if its exchange ended cleanly, else close it."""
         if conn.reusable() and len(self._idle) < MAX_IDLE:
-            conn.h11.start_next_cycle()
-            conn.idle_since, conn.reused, conn.received = time.monotonic(), False, 0
+            conn.reset()
             self._idle.append(conn)
         else:
             await conn.aclose()
@@ -136,9 +218,9 @@ class Pool:
 
     async def request(
         self, method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes
-    ) -> tuple[Connection, h11.Response]:
-        """Send a request and read the response's head; the caller reads the body with :func:`body`
-        and gives the connection back with :meth:`release` (or closes it)."""
+    ) -> tuple[Connection, ResponseHead]:
+        """Send a request and read the response's head; the caller reads the body with
+        :meth:`Connection.piece` and gives the connection back with :meth:`release` (or closes it)."""
         for attempt in (0, 1):
             conn = await self.acquire()
             try:
@@ -155,41 +237,10 @@ class Pool:
 
 async def _exchange(
     conn: Connection, method: str, target: str, headers: Sequence[tuple[str, str]], body: bytes
-) -> h11.Response:
+) -> ResponseHead:
     try:
-        head = conn.h11.send(h11.Request(method=method, target=target, headers=list(headers)))
-        tail = conn.h11.send(h11.Data(data=body)) if body else b""
-        end = conn.h11.send(h11.EndOfMessage())
-    except h11.LocalProtocolError as error:
+        head = request_head(method, target, headers)
+    except FramingError as error:
         raise UpstreamError(f"the request could not be sent ({error})") from None
-    await conn.send(head + (tail or b"") + (end or b""))
-    while True:
-        try:
-            event = await conn.next_event()
-        except h11.RemoteProtocolError as error:
-            raise UpstreamError(f"the upstream broke HTTP ({error})") from None
-        if type(event) is h11.Response:
-            return event
-        if type(event) is h11.ConnectionClosed:
-            raise UpstreamError("the upstream closed the connection before answering")
-        # h11.InformationalResponse (100 Continue, ...): skipped
-
-
-#: :meth:`Connection.poll_chunk`'s answer when nothing is buffered
-WAIT: Final = b"<wait>"
-
-
-async def next_chunk(conn: Connection) -> bytes | None:
-    """The next piece of the response body as it arrives (None at its end; an :class:`UpstreamError`
-    if it breaks)."""
-    while True:
-        try:
-            event = await conn.next_event()
-        except h11.RemoteProtocolError as error:
-            raise UpstreamError(f"the upstream broke HTTP ({error})") from None
-        if type(event) is h11.Data:
-            return bytes(event.data)
-        if type(event) is h11.EndOfMessage:
-            return None
-        if type(event) is h11.ConnectionClosed:
-            raise UpstreamError("the upstream closed the connection mid-response")
+    await conn.send(head + body)
+    return await conn.response_head(method)

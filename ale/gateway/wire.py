@@ -5,8 +5,9 @@
 * :func:`inspect_request`: a request body's model, stream flag, output limit and visible messages;
   :func:`prepare_body`: the body as forwarded (output limit clamped to the budget, stream usage asked for);
 * :func:`read_response`: a whole response's usage and visible content;
-* :class:`SseSplitter` and :class:`StreamReader`: a stream cut into events as they arrive, and what
-  its events say (usage, visible text and tool calls, an estimate of the output so far).
+* :class:`SseSplitter`, :func:`event_fields` and :class:`StreamReader`: a stream cut into events as
+  they arrive, and what its events say (usage, visible text and tool calls, an estimate of the output
+  so far).
 
 Hidden reasoning (Chat ``reasoning_content``, Responses ``reasoning`` items, Anthropic ``thinking``
 and ``redacted_thinking`` blocks, any member or part whose name or type holds one of
@@ -16,6 +17,7 @@ recording; it only counts towards the output estimate.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
@@ -382,35 +384,59 @@ def _anthropic_block(seen: Visible, key: Any, block: Any) -> None:
 
 # -- streams ---------------------------------------------------------------------------------------
 
+
+@functools.lru_cache(maxsize=1024)
+def _hidden(name: str) -> bool:
+    """:func:`is_hidden_reasoning`, remembered (a stream asks it of the same few names in every event)."""
+    return is_hidden_reasoning(name)
+
+
 _BOUNDARY = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+
+
+class Unread(bytes):
+    """Bytes of an event too large to read (over ``max_pending``): passed on as they are."""
 
 
 @attrs.define
 class SseSplitter:
     """Cuts a byte stream into whole SSE events as they arrive. ``feed`` returns the events complete
-    so far, each as (its bytes, its event name or None, its data). A pending event larger than
-    ``max_pending`` bytes is given back as it is (``(bytes, None, None)``: forwarded, not read)
-    and the rest of it is passed through unread up to its end."""
+    so far, each as its bytes (up to and with the blank line that ends it). A pending event larger
+    than ``max_pending`` bytes is given back as :class:`Unread` (forwarded, not read) and the rest of
+    it is passed through unread up to its end. Boundaries are found with ``bytes.find`` (a regular
+    expression only when the stream holds a carriage return), and a long pending event is not
+    searched again from its start at each piece."""
 
     max_pending: int = 8 << 20
     _buffer: bytes = b""
     _skipping: bool = False
 
-    def feed(self, data: bytes) -> list[tuple[bytes, str | None, str | None]]:
-        buffer = self._buffer + data if self._buffer else data
-        out: list[tuple[bytes, str | None, str | None]] = []
+    @property
+    def pending(self) -> bool:
+        """Whether an unfinished event is held back."""
+        return bool(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        old = len(self._buffer)
+        buffer = self._buffer + data if old else data
+        search = max(0, old - 3)  # no boundary ended inside the old buffer; one may end just past it
+        out: list[bytes] = []
         start = 0
-        for match in _BOUNDARY.finditer(buffer):
-            raw, block = buffer[start : match.end()], buffer[start : match.start()]
-            start = match.end()
-            if self._skipping:
-                self._skipping = False
-                out.append((raw, None, None))
-            else:
-                out.append((raw, *_fields(block)))
-        rest = buffer[start:]
+        if b"\r" in buffer:
+            for match in _BOUNDARY.finditer(buffer, search):
+                out.append(buffer[start : match.end()])
+                start = match.end()
+        else:
+            while (found := buffer.find(b"\n\n", search)) >= 0:
+                search = found + 2
+                out.append(buffer[start:search])
+                start = search
+        if self._skipping and out:
+            self._skipping = False
+            out[0] = Unread(out[0])
+        rest = buffer[start:] if start else buffer
         if len(rest) > self.max_pending or (self._skipping and rest):
-            out.append((rest, None, None))
+            out.append(Unread(rest))
             self._skipping, rest = True, b""
         self._buffer = rest
         return out
@@ -421,17 +447,23 @@ class SseSplitter:
         return rest
 
 
-def _fields(block: bytes) -> tuple[str | None, str | None]:
+def event_fields(raw: bytes) -> tuple[str | None, bytes | None]:
+    """An event's name (None: none) and data (its ``data`` lines joined by newlines; None: none).
+    The usual event, one ``data:`` line and nothing else, is cut out without splitting lines."""
+    if raw.startswith(b"data: ") and raw.endswith(b"\n\n") and raw.find(b"\n", 6) == len(raw) - 2:
+        data = raw[6:-2]
+        if b"\r" not in data:
+            return None, data
     name: str | None = None
-    data: list[str] = []
-    for line in block.decode("utf-8", "replace").splitlines():
-        field, _, value = line.partition(":")
-        value = value[1:] if value.startswith(" ") else value
-        if field == "event":
-            name = value
-        elif field == "data":
-            data.append(value)
-    return name, "\n".join(data) if data else None
+    lines: list[bytes] = []
+    for line in raw.splitlines():
+        field, _, value = line.partition(b":")
+        value = value[1:] if value.startswith(b" ") else value
+        if field == b"event":
+            name = value.decode("utf-8", "replace")
+        elif field == b"data":
+            lines.append(value)
+    return name, b"\n".join(lines) if lines else None
 
 
 @attrs.define
@@ -451,9 +483,18 @@ class StreamReader:
     def estimated_output(self) -> int:
         return -(-self.output_chars // CHARS_PER_TOKEN)
 
-    def event(self, name: str | None, data: str | None) -> bool:
+    def take(self, events: list[bytes]) -> list[bytes]:
+        """Read whole events (a :class:`SseSplitter`'s); the ones to forward (``events`` itself when
+        that is all of them)."""
+        dropped = None
+        for index, raw in enumerate(events):
+            if type(raw) is not Unread and not self.event(*event_fields(raw)):
+                dropped = [*(dropped or ()), index]
+        return events if dropped is None else [raw for i, raw in enumerate(events) if i not in dropped]
+
+    def event(self, name: str | None, data: bytes | None) -> bool:
         """Read one event; False if it is not to be forwarded (the usage chunk the agent did not ask for)."""
-        if data is None or data == "[DONE]" or len(data) > self.max_event_bytes:
+        if data is None or data == b"[DONE]" or len(data) > self.max_event_bytes:
             return True
         try:
             value = parse_json(
@@ -486,7 +527,7 @@ class StreamReader:
             self._chars(delta.get("content"))
             self.seen.add_text(delta.get("content"))
             for key, item in delta.items():
-                if is_hidden_reasoning(key):
+                if _hidden(key):
                     self._chars(item)
             for call in _list(delta.get("tool_calls")):
                 key = _path(call, "index")
@@ -514,7 +555,7 @@ class StreamReader:
             response = value.get("response")
             self.usage = usage_of(self.api, _path(response, "usage")) or self.usage
             self.seen.stop = _text_or_none(_path(response, "status"))
-        elif is_hidden_reasoning(kind) and kind.endswith(".delta"):
+        elif _hidden(kind) and kind.endswith(".delta"):
             self._chars(value.get("delta"))
 
     def _messages(self, value: dict[str, Any]) -> None:
@@ -540,7 +581,7 @@ class StreamReader:
         elif kind == "input_json_delta":
             self._chars(_path(delta, "partial_json"))
             self.seen.add_arguments(index, _path(delta, "partial_json"))
-        elif type(kind) is str and is_hidden_reasoning(kind):
+        elif type(kind) is str and _hidden(kind):
             self._chars(_path(delta, "thinking"))
 
     def _message_delta(self, value: dict[str, Any]) -> None:
@@ -558,10 +599,12 @@ class StreamReader:
             self.output_chars += len(text)
 
 
-def events_of(splitter: SseSplitter, chunks: Iterator[bytes]) -> Iterator[tuple[bytes, str | None, str | None]]:
-    """Every event of a whole byte stream (tests and the fuzz target)."""
+def events_of(splitter: SseSplitter, chunks: Iterator[bytes]) -> Iterator[tuple[bytes, str | None, bytes | None]]:
+    """Every event of a whole byte stream with its name and data (tests and the fuzz target); an
+    unread one (:class:`Unread`) or the unterminated rest as (its bytes, None, None)."""
     for chunk in chunks:
-        yield from splitter.feed(chunk)
+        for raw in splitter.feed(chunk):
+            yield (raw, None, None) if type(raw) is Unread else (raw, *event_fields(raw))
     rest = splitter.flush()
     if rest:
         yield rest, None, None

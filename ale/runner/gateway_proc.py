@@ -245,7 +245,8 @@ class Gateway:
 
     async def set_policy(self, policy: str, phase: str | None = None) -> None:
         """Open or close the gateway (``POST /policy``, naming the phase it is for); GatewayError
-        when it does not answer 200."""
+        when it does not answer 200. A close answers once every request in flight that it cut is
+        recorded in the events file (docs/gateway.md), so nothing needs to wait for the log after."""
         body = json.dumps({"policy": policy, "phase": phase}).encode()
         try:
             with trio.fail_after(CONTROL_TIMEOUT_S):

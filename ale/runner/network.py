@@ -31,8 +31,6 @@ from ale.runner.tails import GatewayTail
 NO_NETWORK = {"agent": "none", "official": "none"}
 GATEWAY_PHASES = {"agent": "open", "official": "closed"}
 DRAIN_TIMEOUT_S = 10.0
-SETTLE_QUIET_S = 0.1  # the log quiet this long after closing: the cut requests are recorded
-SETTLE_MAX_S = 3.0
 
 
 class NetworkError(RuntimeError):
@@ -74,10 +72,10 @@ class RunNetwork:
         await self._policy("open", "agent")
 
     async def close_for(self) -> None:
-        """The agent phase ends: the policy is closed (its in-flight requests cut and recorded)."""
+        """The agent phase ends: the policy is closed. The gateway answers once every request it
+        cut (or whose agent went with the sandbox) is recorded, so the drain after it has them all."""
         try:
             await self._policy("closed", "official")
-            await self.settle()
         finally:
             self.recorder.close_channel("gateway")
             self.tail.task_ref = None
@@ -87,17 +85,6 @@ class RunNetwork:
         await self.drain()
         self.recorder.close_channel("gateway")
         self.tail.task_ref = None
-
-    async def settle(self) -> None:
-        """Drain until the log has been quiet for a moment: the requests the closing cut (or whose
-        agent went with its sandbox) are recorded as they end, just after the policy changed."""
-        with trio.move_on_after(SETTLE_MAX_S):
-            while True:
-                before = self.tail.offset
-                await trio.sleep(SETTLE_QUIET_S)
-                await self.tail.drain()
-                if self.tail.offset == before:
-                    return
 
     async def _policy(self, policy: str, phase: str) -> None:
         if not self.alive():
