@@ -604,6 +604,11 @@ def not_checked_offline(docs: Documents, *, keys_given: bool) -> tuple[str, ...]
         )
     if docs.integrity.signature is not None and not keys_given:
         missing.append("runner registration: the signature verifies, but no runner public keys were given")
+    if docs.manifest.runtime.images is not None:
+        missing.append(
+            "image provenance: a site checks the statements its operator registered for the images that ran "
+            "(ale-verify register-provenance); without them an official run is validated"
+        )
     return tuple(missing)
 
 
