@@ -325,7 +325,6 @@ async def test_an_evaluator_that_dies_under_the_agent_ends_the_task_for_the_infr
     assert next(e for e in events if e["kind"] == "agent_finished")["data"]["stopped_for"] == "evaluator_died"
 
 
-
 # -- one gateway per task, with the task's own budget --------------------------------------------------
 
 #: the agent: requests until one is refused (at most 8); prints how many were answered
