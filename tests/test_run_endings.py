@@ -134,7 +134,7 @@ def _check(files: dict[str, bytes]) -> None:
     )
 
 
-def _set_ended(document: dict[str, Any], value: Any, where: str) -> None:
+def _set_ended(document: dict[str, Any], value: Any) -> None:
     (entry,) = document["tasks"]
     entry["ended"] = value
 
@@ -158,7 +158,7 @@ def _set_ended(document: dict[str, Any], value: Any, where: str) -> None:
 def test_the_verifier_refuses_an_ended_that_is_not_the_runs(
     ended_bundle: dict[str, bytes], file: str, value: Any, reason: Reason
 ) -> None:
-    forged = h.edit(ended_bundle, file, lambda d: _set_ended(d, value, file))
+    forged = h.edit(ended_bundle, file, lambda d: _set_ended(d, value))
     with pytest.raises(VerificationError) as info:
         _check(forged)
     assert info.value.reason == reason, info.value
@@ -258,6 +258,13 @@ async def test_an_evaluator_that_fails_to_start_twice_is_retried_and_the_task_ru
     assert len(run.of("evaluator_ready")) == 1
     assert runtime.opened == [CARTPOLE] * 3
     assert _ended(run, files) == [{"phase": "agent", "category": "agent/no_policy"}] * 4  # the agent's own end
+    _schema_valid(run.events)
+
+
+def _schema_valid(events: list[dict[str, Any]]) -> None:
+    schema = validator("trajectory_event")
+    for e in events:
+        assert not [err.message for err in schema.iter_errors(e)], e
 
 
 async def test_a_sandbox_that_fails_to_start_is_retried_but_the_agent_that_failed_is_not(tmp_path: Path) -> None:
@@ -285,8 +292,13 @@ async def test_a_sandbox_that_never_starts_ends_the_task_and_the_run_fails(
 ) -> None:
     monkeypatch.chdir(workdir)
     runtime = FlakySandboxes(fails=99)
+    options = _options("pass", retry=FAST, workdir=workdir, state_parent=workdir)
     with pytest.raises(RunError, match=r"infrastructure/sandbox_start: the sandbox did not start: 3 attempts"):
-        await Harness(_options("pass", retry=FAST, workdir=workdir), runtime, PlainProgress(out=io.StringIO())).run()
+        await Harness(options, runtime, PlainProgress(out=io.StringIO())).run()
+    (record,) = await trio.to_thread.run_sync(lambda: list(workdir.glob(f"*.state/tasks/{CARTPOLE}/record.json")))
+    outcome = json.loads(await trio.Path(record).read_text())["outcome"]
+    assert outcome["agent"] == NO_AGENT  # the manifest's entry of an agent that never ran
+    assert outcome["ended"] == {"phase": "agent", "category": "infrastructure/sandbox_start"}
     events = _kept_trajectory(workdir)
     kinds = [e["kind"] for e in events]
     assert kinds.count("infrastructure_retry") == 2
@@ -295,6 +307,9 @@ async def test_a_sandbox_that_never_starts_ends_the_task_and_the_run_fails(
     assert (ended["phase"], ended["category"]) == ("agent", "infrastructure/sandbox_start")
     assert "agent_finished" not in kinds  # the agent never ran
     assert runtime.calls == 3
+    _schema_valid(events)
+    broken = dict(ended, category="infrastructure/bored")
+    assert list(validator("trajectory_event").iter_errors({**events[-3], "data": broken}))
 
 
 async def test_an_evaluator_that_dies_under_the_agent_ends_the_task_for_the_infrastructure(
@@ -308,10 +323,6 @@ async def test_an_evaluator_that_dies_under_the_agent_ends_the_task_for_the_infr
     ended = next(e for e in events if e["kind"] == "task_ended_early")["data"]
     assert (ended["phase"], ended["category"]) == ("agent", "infrastructure/evaluator_died")
     assert next(e for e in events if e["kind"] == "agent_finished")["data"]["stopped_for"] == "evaluator_died"
-
-
-def test_an_agent_that_never_ran_has_the_manifests_empty_agent_entry() -> None:
-    assert NO_AGENT == {"exit_status": None, "stopped_for": "", "wall_time_s": 0.0, "env_steps": 0, "oom_kills": 0}
 
 
 # -- one gateway per task, with the task's own budget --------------------------------------------------

@@ -200,9 +200,9 @@ class Harness:
                     except KeyboardInterrupt:
                         with trio.CancelScope(shield=True):
                             await self._place_the_rest(rec, outcomes, "the run was interrupted")
-                        rec.emit(
-                            "trusted_harness", "run_interrupted", {"completed_tasks": len(outcomes), "incomplete": True}
-                        )
+                        done = sum(1 for o in outcomes if o.ended is None or o.ended.category != "cancelled")
+                        data = {"completed_tasks": done, "incomplete": True}
+                        rec.emit("trusted_harness", "run_interrupted", data)
                         raise
                     except RunError as exc:
                         with trio.CancelScope(shield=True):
@@ -312,6 +312,9 @@ class Harness:
             except OSError as exc:
                 raise RunError(f"cannot keep {task.spec.id}'s spool in the run's state folder: {exc}") from None
             slot.outcome = outcome
+            ended = "" if outcome.ended is None else f"{outcome.ended.phase}: {outcome.ended.category}: "
+            done = "done" if outcome.status == "completed" else "not completed"
+            self.progress.phase(task.spec.id, done, ended + outcome.reason)
         except RunError as exc:
             if self._failure is None:
                 self._failure = exc
@@ -351,8 +354,6 @@ class Harness:
         elif judging:
             rec.take_tap()
         rec.emit("trusted_harness", "task_finished", outcome.finished_data())
-        ended = "" if outcome.ended is None else f"{outcome.ended.phase}: {outcome.ended.category}: "
-        self.progress.phase(s.id, "done" if outcome.status == "completed" else "not completed", ended + outcome.reason)
         return outcome
 
     @staticmethod

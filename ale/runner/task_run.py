@@ -285,7 +285,6 @@ class TaskRun:
         self.progress = ctx.progress
         self.ref = task.spec.ref
         self.network: RunNetwork | None = None
-        self.recorder: Recorder | None = None
         self._evaluator: EvaluatorHandle = None  # type: ignore[assignment]  # once started (_open)
 
     async def run(self) -> tuple[TaskOutcome, str]:
@@ -295,7 +294,6 @@ class TaskRun:
             outcome.network = dict(GATEWAY_PHASES)  # the run's policy, the same for every task
         tasks = len(self.options.tasks)
         async with open_recorder(self.spool_path, tasks=tasks, durable=True) as rec:
-            self.recorder = rec
             rec.emit("trusted_harness", "run_started", spool.header(self.ctx.run_id, s.ref))
             rec.emit("trusted_harness", "task_started", {"task": s.ref, "digest": self.task.digest, "mode": s.mode})
             rec.open_channel("evaluator", s.ref)
