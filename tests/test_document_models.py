@@ -1,5 +1,6 @@
 """The attrs models of the bundle's documents (``ale.core.documents``, ``ale.core.results``) and
-the published JSON Schemas (``ale/schemas/``) agree: the same members, all required, no others,
+the published JSON Schemas (``ale/schemas/``) agree: the same members, all required (but those with a
+default in the model, which an older writer omits: optional in the schema too), no others,
 and the same types member by member (recursively: objects, arrays, maps, enumerations, null).
 Then both accept the real documents and refuse the same mutations."""
 
@@ -124,7 +125,8 @@ def _compare_class(cls: type, schema: dict[str, Any], root: dict[str, Any], wher
     fields = [a.name for a in attrs.fields(cls)]
     assert schema.get("additionalProperties") is False, f"{where}: the schema allows other members"
     assert set(fields) == set(schema["properties"]), f"{where}: {sorted(fields)} vs {sorted(schema['properties'])}"
-    assert set(schema["required"]) == set(fields), f"{where}: every member is required"
+    optional = {a.name for a in attrs.fields(cls) if a.default is not attrs.NOTHING}
+    assert set(schema["required"]) == set(fields) - optional, f"{where}: every member but a defaulted one is required"
     for field in attrs.fields(cls):
         prop = _resolve(schema["properties"][field.name], root)
         if "const" in prop and hints[field.name] is type(prop["const"]):
