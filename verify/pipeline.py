@@ -45,7 +45,7 @@ from ale.core import bundle
 from ale.core.documents import ELEVATION_MEMBERS
 from ale.core.faithfulness import Credit, credit, to_judge
 from ale.core.reasons import Level, Reason
-from ale.core.results import RunScore, task_score_document
+from ale.core.results import RunScore, intervals_document, task_score_document
 from ale.core.verify import (
     Documents,
     RunnerKey,
@@ -235,6 +235,7 @@ def audit_summary(
         },
         "macro_mean": agg.macro_mean,
         "categories": agg.categories,
+        "intervals": intervals_document(recomputed),  # the credited scores' 95% intervals (docs/intervals.md)
         "pass_rate": agg.pass_rate,
         "covered": list(agg.covered),
         "missing": list(agg.missing),
