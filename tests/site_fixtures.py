@@ -13,6 +13,11 @@ revocations through ``db.change_level``, exactly as the app writes them.
   revocations with reasons, and hostile names (markup, CSV formulas, Unicode, very long).
 * :func:`fill_many`: ``n`` pseudo-random submissions (seeded: the same ``n`` and seed make the same
   rows) for the big-board tests and ``bench/site_bench.py``.
+
+A completed task's 95% interval comes from ``ale.core.intervals`` (the bootstrap the verifier runs)
+over synthetic episodes: the task's official count of them (``fill_many``: 12, which keeps a big
+board quick to fill and its intervals wide), their headline values spread by ``Outcome.spread``
+around the measured value (which is their mean), each safety metric's counts drawn at its rate.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 import attrs
 
 from ale import catalog
+from ale.core import intervals
 from ale.core.canonical import canonical_json
 from ale.core.documents import (
     ARTIFACTS_SCHEMA,
@@ -53,7 +59,7 @@ from ale.core.results import (
     TaskResults,
     score_breakdown_document,
 )
-from ale.core.scoring import aggregate, score_task
+from ale.core.scoring import TaskScore, aggregate, score_task
 from ale.core.trajectory import EVENT_SCHEMA
 from ale.core.verify import Documents, RunnerKey
 from ale_verify import db, pipeline
@@ -103,6 +109,7 @@ class Outcome:
     aborted: int = 0  # episodes that did not pass
     missing_safety: bool = False  # a declared safety metric absent from the results (factor 0)
     reason: str | None = None  # set: not completed, for this reason
+    spread: float = 0.3  # the synthetic episodes' headline values: measured * (1 +- spread / 2), mean measured
 
 
 def _iso(t: float) -> str:
@@ -126,8 +133,10 @@ def make_summary(
     official_episode_counts: bool = True,
     runner: dict[str, Any] | None = None,
     usage: dict[str, int] | None = None,
+    synthetic_episodes: int | None = None,
 ) -> dict[str, Any]:
-    """``pipeline.audit_summary`` of a run with these outcomes, as the database stores it (JSON)."""
+    """``pipeline.audit_summary`` of a run with these outcomes, as the database stores it (JSON);
+    its intervals from ``synthetic_episodes`` per task (None: the official count)."""
     run_id = f"run-{_hex('run', key)[:20]}"
     scores = []
     entries = []
@@ -173,8 +182,14 @@ def make_summary(
                 eps=RELEASE.eps,
             )
         )
+    finals = {
+        s.task: _resampled_final(s, o, run_id, synthetic_episodes or s.episodes)
+        for s, o in zip(scores, [o for o in outcomes if o.reason is None], strict=True)
+    }
     run_score = RunScore(
-        tuple(scores), aggregate(scores, required=RELEASE.required_tasks, missing_tasks=RELEASE.missing_tasks)
+        tuple(scores),
+        aggregate(scores, required=RELEASE.required_tasks, missing_tasks=RELEASE.missing_tasks),
+        intervals.run_intervals(scores, finals, required=RELEASE.required_tasks, missing_tasks=RELEASE.missing_tasks),
     )
     claimed = json.loads(canonical_json(score_breakdown_document(run_score, RELEASE)))
     head = _hex("head", key)
@@ -266,6 +281,31 @@ def make_summary(
         credits=credits,
     )
     return json.loads(json.dumps(summary))  # as stored: plain JSON
+
+
+def _resampled_final(s: TaskScore, o: Outcome, run_id: str, n: int) -> intervals.Samples:
+    """The task's final in each bootstrap resample of ``n`` synthetic episodes (the module docstring)."""
+    rng = random.Random(f"{run_id} {s.task}")
+    target = RELEASE.target(s.task)
+    noise = [rng.random() for _ in range(n)]
+    centre = sum(noise) / n  # the episodes' mean is the measured value
+    headline = [s.measured * (1 + o.spread * (u - centre)) for u in noise]
+    rates = {name: limit * o.safety for name, limit in target.safety_limits.items()}
+    if o.missing_safety:
+        rates.pop(sorted(rates)[0])
+    names = sorted(rates)
+    counts = [[int(rng.random() < min(1.0, rates[name])) for _ in range(n)] for name in names]
+    means = intervals.resampled_means([headline, *counts], intervals.stream_key(run_id, s.task))
+    samples = intervals.score_samples(
+        means[:, 0],
+        {name: means[:, 1 + i] for i, name in enumerate(names)},
+        paper_value=s.paper_value,
+        direction=s.direction,
+        safety_limits=target.safety_limits,
+        cap=RELEASE.cap,
+        eps=RELEASE.eps,
+    )
+    return intervals.final_samples(s, samples)
 
 
 def _credit(o: Outcome, key: str) -> Credit:
@@ -531,6 +571,7 @@ def _fill_many(path: Path, n: int, *, seed: int, reject_every: int, revoke_every
             usage={"input_tokens": rng.randint(10**5, 10**8), "output_tokens": rng.randint(10**4, 10**7)}
             if rng.random() < 0.3
             else None,
+            synthetic_episodes=12,
         )
         sid = insert_accepted(path, summary, key=key, received_at=t)
         ids["accepted"].append(sid)
@@ -652,3 +693,33 @@ def tools_required() -> bool:
     import os
 
     return os.environ.get("ALE_SITE_TOOLS_REQUIRED") == "1"
+
+
+# -- the ranking rule, written out ------------------------------------------------------------
+
+
+def reference_ranks(rows: Sequence[tuple[str, float, float, float, bool, float]]) -> list[tuple[str, int]]:
+    """``(id, rank)`` in board order for ``(id, score, lower, upper, complete, received_at)`` rows,
+    straight from docs/intervals.md ("Ranks"), pair by pair: the reference ``ranking.place`` is held to."""
+    complete_count = sum(1 for r in rows if r[4])
+    ranks = {}
+    for rid, _score, _lower, upper, complete, _at in rows:
+        better = sum(1 for other in rows if other[4] == complete and other[2] > upper)
+        ranks[rid] = 1 + (0 if complete else complete_count) + better
+    order = sorted(rows, key=lambda r: (not r[4], ranks[r[0]], -r[1], r[5], r[0]))
+    return [(r[0], ranks[r[0]]) for r in order]
+
+
+def board_rows(
+    rows: Sequence[dict[str, Any]], score: Any, interval: Any, complete: Any = lambda _r: True
+) -> list[tuple[str, float, float, float, bool, float]]:
+    """The ranked (not revoked, scored) database rows as :func:`reference_ranks` takes them; an
+    interval missing from a summary is the score alone."""
+    out = []
+    for r in rows:
+        value = score(r["summary"])
+        if r["level"] == "revoked" or value is None:
+            continue
+        bounds = interval(r["summary"]) or {"lower": value, "upper": value}
+        out.append((r["id"], value, bounds["lower"], bounds["upper"], complete(r), r["received_at"]))
+    return out

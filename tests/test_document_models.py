@@ -1,5 +1,6 @@
 """The attrs models of the bundle's documents (``ale.core.documents``, ``ale.core.results``) and
-the published JSON Schemas (``ale/schemas/``) agree: the same members, all required, no others,
+the published JSON Schemas (``ale/schemas/``) agree: the same members, all required (but those with a
+default in the model, which an older writer omits: optional in the schema too), no others,
 and the same types member by member (recursively: objects, arrays, maps, enumerations, null).
 Then both accept the real documents and refuse the same mutations."""
 

@@ -171,7 +171,8 @@ def test_one_submission(tmp_path: Path) -> None:
     assert row is not None
     cells = _cells(_read(site, "index.html"), ids["only"])
     assert cells[0] == "1"
-    assert cells[1] == f"{row['summary']['categories']['overall']:.3f}"
+    ci = row["summary"]["intervals"]["categories"]["overall"]
+    assert cells[1] == f"{row['summary']['categories']['overall']:.3f} 95% interval {ci['lower']:.3f}–{ci['upper']:.3f}"
     assert cells[2] == "100.0%"
     assert cells[3] == "OpenHands-R"
     assert cells[4] == "gpt-5.1"
@@ -387,11 +388,11 @@ def test_board_order_matches_the_api(mix: dict[str, Any]) -> None:
 def test_scores_are_ratios_with_three_decimals(mix: dict[str, Any]) -> None:
     for page in BOARD_PAGES.values():
         html = _read(mix["site"], page)
-        scores = re.findall(r'<td class="num score">([^<]*)</td>', html)
+        scores = re.findall(r'<td class="num score">([^<]*?)(?:</td>| <span)', html)
         assert scores
         assert all(re.fullmatch(r"\d+\.\d{3}", s) for s in scores), scores
     capped = _cells(_read(mix["site"], "index.html"), mix["ids"]["capped"])
-    assert capped[1] == "1.500"
+    assert capped[1] == "1.500 95% interval 1.500–1.500"  # capped in every resample too
     assert capped[0] == "1"
 
 
@@ -446,7 +447,7 @@ def test_categories_split_by_genre(mix: dict[str, Any]) -> None:
     assert _cells(_read(site, "reproduction.html"), ids["reproduction_only"])[6] == "2/2"
     assert _cells(_read(site, "index.html"), ids["reproduction_only"])[6] == "2/4"
     unfaithful = _cells(_read(site, "reproduction.html"), ids["unfaithful"])
-    assert unfaithful[1] == "0.000"  # the faithfulness gate
+    assert unfaithful[1] == "0.000 95% interval 0.000–0.000"  # the faithfulness gate
 
 
 def test_tokens_only_from_the_proxy(mix: dict[str, Any]) -> None:
@@ -525,13 +526,17 @@ def test_task_pages(mix: dict[str, Any]) -> None:
         assert f"<code>{task.spec.headline.metric}</code>" in html
         for name in task.spec.safety_metrics:
             assert f"<code>{name}</code>" in html
-        finals = sorted(
-            ((t["final"], r["received_at"], r["id"]) for r in rows if r["level"] != "revoked"
-             for t in r["summary"]["tasks"] if t["task"] == ref and t["status"] == "completed"),
-            key=lambda x: (-x[0], x[1], x[2]),
-        )  # fmt: skip
+
+        def final(summary: dict[str, Any], ref: str = ref) -> float | None:
+            return next((t["final"] for t in summary["tasks"] if t["task"] == ref and t["status"] == "completed"), None)
+
+        expected = sf.reference_ranks(
+            sf.board_rows(rows, final, lambda summary, ref=ref: summary["intervals"]["tasks"].get(ref))
+        )
         order = ROW_LINK.findall(html)
-        assert order[: len(finals)] == [x[2] for x in finals]
+        assert order[: len(expected)] == [sid for sid, _ in expected]
+        shown = [c for c in re.findall(r'<td class="num rank">([^<]*)</td>', html)]
+        assert shown[: len(expected)] == [str(rank) for _, rank in expected]
 
 
 def test_docs_are_rendered(mix: dict[str, Any]) -> None:
@@ -608,7 +613,16 @@ def test_big_board(big: dict[str, Any]) -> None:
     data = json.loads(_read(site, "leaderboard.json"))["submissions"]
     assert len(data) == len(ids["accepted"])
     ranked = [r for r in data if r["rank_overall"] is not None]
-    assert [r["rank_overall"] for r in ranked] == list(range(1, len(ranked) + 1))
+    expected = sf.reference_ranks(
+        sf.board_rows(
+            db.ranked_submissions(big["db"]),
+            lambda s: s["categories"]["overall"],
+            lambda s: s["intervals"]["categories"]["overall"],
+            lambda r: bool(r["summary"]["covered"]) and not r["summary"]["missing"],
+        )
+    )
+    assert [(r["submission_id"], r["rank_overall"]) for r in ranked] == expected
+    assert len({rank for _, rank in expected}) < len(expected)  # intervals overlap: ranks are shared
     order = _board_order(site, "index.html")
     scored = [r for r in data if r["score_overall"] is not None]
     assert len(order) == len(scored)

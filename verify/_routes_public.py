@@ -36,12 +36,15 @@ def _board_row(row: dict[str, Any], category: str, score: float, specs: dict[str
     summary = row["summary"]
     declared = summary["agent"]["declared"]
     covered, required = ranking.coverage(summary, category, specs)
+    stored = ranking.stored_bounds(ranking.summary_interval(summary, category=category))
     return {
         "submission_id": row["id"],
         "agent": summary["agent"]["name"],
         "model": declared.get("model"),
         "effort": declared.get("effort"),
         "score": score,
+        "lower": stored[0] if stored is not None else None,
+        "upper": stored[1] if stored is not None else None,
         "pass_rate": summary.get("pass_rate"),
         "covered": covered,
         "required": required,
@@ -52,28 +55,28 @@ def _board_row(row: dict[str, Any], category: str, score: float, specs: dict[str
 
 
 def leaderboard_rows(rows: list[dict[str, Any]], category: str) -> list[dict[str, Any]]:
-    """Accepted submissions in board order (:mod:`ale_verify.ranking`: complete runs first);
-    revoked ones kept, marked, unranked."""
+    """Accepted submissions in board order with their ranks (:mod:`ale_verify.ranking`: complete
+    runs first; runs whose 95% intervals cannot tell them apart share a rank); revoked ones kept,
+    marked, unranked."""
     specs = {t.spec.ref: t.spec for t in catalog.tasks().values()}
     out = []
     for row in rows:
         score = (row["summary"].get("categories") or {}).get(category)
         if score is not None:
             out.append(_board_row(row, category, score, specs))
-
-    def key(r: dict[str, Any]) -> tuple[Any, ...]:
-        return ranking.order_key(
-            score=r["score"], is_complete=r["complete"], received_at=r["received_at"], ident=r["submission_id"]
-        )
-
-    ranked = sorted((r for r in out if r["level"] != "revoked"), key=key)
-    for rank, r in enumerate(ranked, start=1):
-        r["rank"] = rank
+    standing = [r for r in out if r["level"] != "revoked"]
+    placed = ranking.place([_standing(r) for r in standing])
+    ranked = [dict(standing[i], rank=rank) for i, rank in placed]
     revoked = sorted(
         (dict(r, rank=None) for r in out if r["level"] == "revoked"),
         key=lambda r: (r["received_at"], r["submission_id"]),
     )
     return ranked + revoked
+
+
+def _standing(r: dict[str, Any]) -> ranking.Standing:
+    lower, upper = ranking.bounds(r["score"], {"lower": r["lower"], "upper": r["upper"]})
+    return ranking.Standing(r["score"], lower, upper, r["complete"], r["received_at"], r["submission_id"])
 
 
 @bp.get("/healthz")

@@ -76,7 +76,7 @@ SUMMARY_KEYS = (
     "run_id", "agent", "release", "release_sha256", "tasks", "task_info", "macro_mean", "categories", "pass_rate",
     "covered", "missing", "coverage_complete", "official_episode_counts", "started", "finished", "usage",
     "network_proxy", "runtime", "challenge_id", "runner", "ciphertext_sha256", "merkle_root", "trajectory_events",
-    "release_images", "image_provenance",
+    "release_images", "image_provenance", "intervals",
 )  # fmt: skip
 TASK_KEYS = (
     "task", "genre", "metric", "direction", "measured", "paper_value", "gap", "penalties", "score", "faithful",
@@ -86,7 +86,9 @@ TASK_KEYS = (
 #: The CSV's columns in order (documented in docs/leaderboard-export.md; a test compares the two).
 CSV_COLUMNS = (
     "submission_id", "url", "agent", "model", "effort", "level", "revoked",
-    "rank_overall", "score_overall", "rank_reproduction", "score_reproduction", "rank_open", "score_open",
+    "rank_overall", "score_overall", "lower_overall", "upper_overall",
+    "rank_reproduction", "score_reproduction", "lower_reproduction", "upper_reproduction",
+    "rank_open", "score_open", "lower_open", "upper_open",
     "macro_mean", "pass_rate", "pass_rate_reproduction", "pass_rate_open",
     "covered", "required", "coverage_complete", "missing",
     "runtime_s", "input_tokens", "output_tokens", "tokens_source",
@@ -137,6 +139,14 @@ def default_docs_dir() -> Path | None:
 def fmt_score(value: float | None) -> str:
     """Scores are dimensionless ratios: three decimals, never a percentage."""
     return "—" if value is None else f"{value:.3f}"
+
+
+def fmt_ci(bounds: tuple[float, float] | None) -> Markup:
+    """A 95% interval after its score (docs/intervals.md), or nothing where there is none."""
+    if bounds is None:
+        return Markup("")
+    low, high = fmt_score(bounds[0]), fmt_score(bounds[1])  # digits and a point: nothing to escape
+    return Markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{low}–{high}</span>')
 
 
 def fmt_rate(value: float | None) -> str:
@@ -224,7 +234,10 @@ class Entry:
     pass_rates: dict[str, float | None]
     coverage: dict[str, tuple[int, int]]  # category -> (covered, required)
     finals: dict[str, float]  # task ref -> final score (completed, covered or not)
-    ranks: dict[str, int] = attrs.Factory(dict)
+    intervals: dict[str, tuple[float, float] | None]  # category -> the score's stored 95% interval
+    task_intervals: dict[str, tuple[float, float]]  # task ref -> its final's stored 95% interval
+    ranks: dict[str, int] = attrs.Factory(dict)  # category -> rank (docs/intervals.md, "Ranks")
+    task_ranks: dict[str, int] = attrs.Factory(dict)  # task ref -> rank on the task's page
     #: each completed reproduction task's judgement (ale_verify.judging.task_judgement)
     judgements: dict[str, dict[str, Any]] = attrs.Factory(dict)
 
@@ -297,6 +310,17 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
         coverage=coverage,
         finals={ref: float(t["final"]) for ref, t in completed.items()},
         judgements={ref: j for ref, j in sorted(judging.task_judgements(s).items()) if ref in completed},
+        intervals={
+            category: ranking.stored_bounds(ranking.summary_interval(s, category=category))
+            if scores[category] is not None
+            else None
+            for category, *_ in CATEGORIES
+        },
+        task_intervals={
+            ref: bounds
+            for ref in completed
+            if (bounds := ranking.stored_bounds(ranking.summary_interval(s, task=ref))) is not None
+        },
     )
 
 
@@ -304,18 +328,22 @@ def rank(
     entries: Iterable[Entry],
     score: Callable[[Entry], float | None],
     complete: Callable[[Entry], bool] = lambda _e: True,
-) -> tuple[list[Entry], list[Entry]]:
-    """Ranked rows in board order (:mod:`ale_verify.ranking`: runs ``complete`` for the board
-    first, then score descending, the earlier upload, the id) and revoked ones (unranked, by
-    upload time), as ``GET /api/v1/leaderboard`` orders them."""
-    scored = [e for e in entries if score(e) is not None]
-
-    def key(e: Entry) -> tuple[Any, ...]:
-        return ranking.order_key(score=score(e) or 0.0, is_complete=complete(e), received_at=e.received_at, ident=e.id)
-
-    ranked = sorted((e for e in scored if not e.revoked), key=key)
-    revoked = sorted((e for e in scored if e.revoked), key=lambda e: (e.received_at, e.id))
-    return ranked, revoked
+    interval: Callable[[Entry], tuple[float, float] | None] = lambda _e: None,
+) -> tuple[list[Entry], list[Entry], dict[str, int]]:
+    """Ranked rows in board order with their ranks by id (:func:`ale_verify.ranking.place`: runs
+    ``complete`` for the board first; runs whose ``interval``s cannot tell them apart share a
+    rank), and revoked ones (unranked, by upload time), as ``GET /api/v1/leaderboard`` has them."""
+    scored = [(e, value) for e in entries if (value := score(e)) is not None]
+    standing = [(e, value) for e, value in scored if not e.revoked]
+    standings = []
+    for e, value in standing:
+        lower, upper = interval(e) or (value, value)
+        standings.append(ranking.Standing(value, lower, upper, complete(e), e.received_at, e.id))
+    placed = ranking.place(standings)
+    ranked = [standing[i][0] for i, _ in placed]
+    ranks = {standing[i][0].id: r for i, r in placed}
+    revoked = sorted((e for e, _ in scored if e.revoked), key=lambda e: (e.received_at, e.id))
+    return ranked, revoked, ranks
 
 
 def category_complete(category: str) -> Callable[[Entry], bool]:
@@ -328,9 +356,19 @@ def category_score(category: str) -> Callable[[Entry], float | None]:
     return lambda e: e.scores[category]
 
 
+def category_interval(category: str) -> Callable[[Entry], tuple[float, float] | None]:
+    """An entry's stored 95% interval in a category, as :func:`rank` takes it."""
+    return lambda e: e.intervals[category]
+
+
 def task_final(ref: str) -> Callable[[Entry], float | None]:
     """An entry's final score on one task (None where it has none), as :func:`rank` takes it."""
     return lambda e: e.finals.get(ref)
+
+
+def task_interval(ref: str) -> Callable[[Entry], tuple[float, float] | None]:
+    """An entry's stored 95% interval of its final score on one task, as :func:`rank` takes it."""
+    return lambda e: e.task_intervals.get(ref)
 
 
 # -- markdown ---------------------------------------------------------------------------------
@@ -585,7 +623,7 @@ class Site:
         )
         self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES)
         self.env.filters.update(
-            score=fmt_score, rate=fmt_rate, value=fmt_value, duration=fmt_duration, tokens=fmt_tokens,
+            score=fmt_score, ci=fmt_ci, rate=fmt_rate, value=fmt_value, duration=fmt_duration, tokens=fmt_tokens,
             int=fmt_int, date=fmt_date, datetime=fmt_datetime,
         )  # fmt: skip
         self.assets = {
@@ -670,14 +708,19 @@ class Site:
         entries.sort(key=lambda e: (e.received_at, e.id))
         boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
         for category, *_ in CATEGORIES:
-            ranked, revoked = rank(entries, category_score(category), category_complete(category))
-            for position, e in enumerate(ranked, start=1):
-                e.ranks[category] = position
+            ranked, revoked, ranks = rank(
+                entries, category_score(category), category_complete(category), category_interval(category)
+            )
+            for e in ranked:
+                e.ranks[category] = ranks[e.id]
             boards[category] = (ranked, revoked)
         task_boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
         for task in self.tasks.values():
             ref = task.spec.ref
-            task_boards[ref] = rank(entries, task_final(ref))
+            ranked, revoked, ranks = rank(entries, task_final(ref), interval=task_interval(ref))
+            for e in ranked:
+                e.task_ranks[ref] = ranks[e.id]
+            task_boards[ref] = (ranked, revoked)
         self.context = {
             "version": __version__,
             "release": self.release.release,
@@ -853,9 +896,11 @@ class Site:
     def _export_rows(
         self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]
     ) -> list[dict[str, Any]]:
+        position = {e.id: i for i, e in enumerate(boards["overall"][0])}  # the Overall tab's order
+
         def order(e: Entry) -> tuple[Any, ...]:
-            r = e.ranks.get("overall")
-            return (e.revoked, r is None, r or 0, e.received_at, e.id)
+            p = position.get(e.id)
+            return (e.revoked, p is None, p or 0, e.received_at, e.id)
 
         out = []
         for e in sorted(entries, key=order):
@@ -870,12 +915,16 @@ class Site:
                     "effort": e.effort,
                     "level": e.level,
                     "revoked": e.revoked,
-                    "rank_overall": e.ranks.get("overall"),
-                    "score_overall": e.scores["overall"],
-                    "rank_reproduction": e.ranks.get("reproduction"),
-                    "score_reproduction": e.scores["reproduction"],
-                    "rank_open": e.ranks.get("open"),
-                    "score_open": e.scores["open"],
+                    **{
+                        column: value
+                        for category, *_ in CATEGORIES
+                        for column, value in (
+                            (f"rank_{category}", e.ranks.get(category)),
+                            (f"score_{category}", e.scores[category]),
+                            (f"lower_{category}", (e.intervals[category] or (None, None))[0]),
+                            (f"upper_{category}", (e.intervals[category] or (None, None))[1]),
+                        )
+                    },
                     "macro_mean": s.get("macro_mean"),
                     "pass_rate": e.pass_rates["overall"],
                     "pass_rate_reproduction": e.pass_rates["reproduction"],

@@ -37,7 +37,14 @@ from ale.core.judge_input import JudgeInput
 from ale.core.parse import parse_json
 from ale.core.reasons import Reason
 from ale.core.release import ReleaseManifest
-from ale.core.results import RunScore, TaskResults, parse_task_results, score_run, task_score_document
+from ale.core.results import (
+    RunScore,
+    TaskResults,
+    intervals_document,
+    parse_task_results,
+    score_run,
+    task_score_document,
+)
 from ale.core.signing import key_id
 from ale.core.verify import Documents, credited_scores
 from ale_verify import db
@@ -169,6 +176,7 @@ def score_members(run: RunScore, results: TaskResults, judgements: Mapping[str, 
         ],
         "macro_mean": agg.macro_mean,
         "categories": agg.categories,
+        "intervals": intervals_document(run),  # the credited scores' 95% intervals (docs/intervals.md)
         "pass_rate": agg.pass_rate,
         "covered": list(agg.covered),
         "missing": list(agg.missing),

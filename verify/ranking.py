@@ -1,15 +1,29 @@
-"""The leaderboard's order: one definition for ``GET /api/v1/leaderboard`` and the static site.
+"""The leaderboard's order and ranks: one definition for ``GET /api/v1/leaderboard`` and the static site.
 
 ``scoring.txt`` says a run is not comparable to a full run unless its coverage is complete, so a
-board ranks the runs that cover every required task of its category first, by score, and the
-partial ones after them, by score; ties go to the earlier upload, then the smaller id. Revoked
-submissions are listed after both, unranked (docs/verifier.md).
+board ranks the runs that cover every required task of its category first and the partial ones
+after them. Within each group a rank says what the 95% intervals can tell apart
+(``docs/intervals.md``, "Ranks"):
+
+    rank = 1 + (for a partial run: the ranked complete runs)
+             + (the runs of its group whose lower bound is above this run's upper bound),
+
+one plus the runs that are better beyond doubt. Runs whose intervals overlap never count against
+each other, so runs that no third run separates share a rank ("1, 1, 3": two runs that cannot
+be told apart, then one that both are better than). Rows come in rank order, then score
+descending, then the earlier upload, then the smaller id. A row without a stored interval (an
+older verifier's) counts as its score alone. Revoked submissions are listed after both groups,
+unranked (docs/verifier.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import bisect
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+import attrs
 
 CATEGORIES = ("overall", "reproduction", "open")
 
@@ -42,6 +56,64 @@ def complete(covered_required: tuple[int, int]) -> bool:
     return required > 0 and covered == required
 
 
-def order_key(*, score: float, is_complete: bool, received_at: float, ident: str) -> tuple[Any, ...]:
-    """Sort key of a ranked row: complete runs first, then score descending, upload time, id."""
-    return (not is_complete, -score, received_at, ident)
+def summary_interval(summary: Mapping[str, Any], *, category: str | None = None, task: str | None = None) -> Any:
+    """The stored 95% interval (``{"lower", "upper"}``) of a category's score or of a task's final
+    in a submission's summary, or None (an older row, or nothing there)."""
+    intervals = summary.get("intervals")
+    if not isinstance(intervals, Mapping):
+        return None
+    where = intervals.get("categories") if task is None else intervals.get("tasks")
+    return where.get(category if task is None else task) if isinstance(where, Mapping) else None
+
+
+def stored_bounds(interval: Any) -> tuple[float, float] | None:
+    """``(lower, upper)`` of a stored interval when it is one (two finite numbers, lower at most
+    upper), else None: the board never fails on a row it cannot rank by an interval."""
+    if not isinstance(interval, Mapping):
+        return None
+    lower: Any = interval.get("lower")
+    upper: Any = interval.get("upper")
+    if not (_number(lower) and _number(upper)):
+        return None
+    low, high = float(lower), float(upper)
+    return (low, high) if math.isfinite(low) and math.isfinite(high) and low <= high else None
+
+
+def _number(value: Any) -> bool:
+    """A float, or an integer a float holds exactly (JSON writes a bound of 1.0 as 1)."""
+    return type(value) is float or (type(value) is int and abs(value) <= 2**53)
+
+
+def bounds(score: float, interval: Any) -> tuple[float, float]:
+    """The interval a row is ranked by: the stored one (:func:`stored_bounds`), else the score itself."""
+    return stored_bounds(interval) or (score, score)
+
+
+@attrs.frozen
+class Standing:
+    """What places a ranked row: its score and interval, its coverage, its upload and its id."""
+
+    score: float
+    lower: float
+    upper: float
+    complete: bool
+    received_at: float
+    ident: str
+
+
+def place(standings: Sequence[Standing]) -> list[tuple[int, int]]:
+    """``(index into standings, rank)`` for every row, in board order (the module docstring)."""
+    ranks = [0] * len(standings)
+    ahead = 0
+    for group in (True, False):
+        members = [i for i, s in enumerate(standings) if s.complete == group]
+        lowers = sorted(standings[i].lower for i in members)
+        for i in members:
+            ranks[i] = ahead + 1 + len(lowers) - bisect.bisect_right(lowers, standings[i].upper)
+        ahead += len(members)
+
+    def key(i: int) -> tuple[Any, ...]:
+        s = standings[i]
+        return (not s.complete, ranks[i], -s.score, s.received_at, s.ident)
+
+    return [(i, ranks[i]) for i in sorted(range(len(standings)), key=key)]

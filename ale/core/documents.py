@@ -382,6 +382,39 @@ class AggregateClaim:
 
 
 @attrs.frozen
+class IntervalClaim:
+    lower: float
+    upper: float
+
+
+@attrs.frozen
+class IntervalCategories:
+    overall: IntervalClaim | None
+    reproduction: IntervalClaim | None
+    open: IntervalClaim | None
+
+
+def _equals(value: object) -> Callable[[object, attrs.Attribute[Any], Any], None]:
+    def check(_inst: object, attr: attrs.Attribute[Any], given: Any) -> None:
+        if type(given) is not type(value) or given != value:
+            raise ValueError(f"{attr.name} must be {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class IntervalsClaim:
+    """The 95% intervals of the scores (docs/intervals.md); v1 fixes the method and its parameters."""
+
+    method: str = attrs.field(validator=_is("ale-bootstrap/v1"))
+    confidence: float = attrs.field(validator=_equals(0.95))
+    resamples: int = attrs.field(validator=_equals(1999))
+    tasks: dict[str, IntervalClaim]
+    macro_mean: IntervalClaim | None
+    categories: IntervalCategories
+
+
+@attrs.frozen
 class ScoreBreakdown:
     schema: str = attrs.field(validator=_is("ale-score-breakdown/v1"))
     release: str
@@ -389,6 +422,7 @@ class ScoreBreakdown:
     eps: float
     tasks: tuple[TaskScoreClaim, ...]
     aggregate: AggregateClaim
+    intervals: IntervalsClaim | None = None  # absent from an older runner's document
 
 
 # -- faithfulness.json, network_summary.json, artifacts_manifest.json -------------------------

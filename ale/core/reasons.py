@@ -215,7 +215,11 @@ REASONS: Mapping[Reason, ReasonInfo] = {
         "an OCI runtime ran images other than the ones the release names (by manifest digest), or the "
         "manifest's image digests contradict each other",
     ),
-    R.SCORE_MISMATCH: _info("12 scores", _R, "the claimed scores differ from the recomputed ones"),
+    R.SCORE_MISMATCH: _info(
+        "12 scores",
+        _R,
+        "the claimed scores, or their 95% intervals (docs/intervals.md), differ from the recomputed ones",
+    ),
     R.NO_CHALLENGE: _info("level", _N, "the run had no challenge: freshness cannot be proven (`self_reported`)"),
     R.UNOFFICIAL_EPISODES: _info("level", _N, "the run overrode the official episode counts (`self_reported`)"),
     R.UNJUDGED: _info(

@@ -7,14 +7,16 @@ verifier parses it back with :func:`parse_task_results` and re-scores it with
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import attrs
 
+from ale.core import intervals
 from ale.core.parse import loads, non_negative
-from ale.core.release import ReleaseManifest
+from ale.core.release import ReleaseManifest, TaskTarget
 from ale.core.scoring import Aggregate, TaskScore, aggregate, score_task
 
 TASK_RESULTS_SCHEMA = "ale-task-results/v1"
@@ -164,6 +166,16 @@ class TaskResults:
     run_id: str
     tasks: tuple[TaskResult, ...]
 
+    @functools.cached_property
+    def resampled(self) -> dict[str, intervals.Resampled]:
+        """Each completed task's episodes resampled (docs/intervals.md), computed once: the
+        verifier scores the same results with the bundle's verdicts and then with its own."""
+        return {
+            t.task: resample_episodes(self.run_id, t.task, t.result)
+            for t in self.tasks
+            if t.status == "completed" and t.result is not None
+        }
+
 
 class ResultInconsistency(ValueError):
     """A result that contradicts itself (the verifier's ``inconsistent_results``)."""
@@ -187,8 +199,15 @@ def check_result(task: TaskResult) -> None:
     _check_episodes(task.task, r)
 
 
+#: Episodes an evaluator runs in one session or batch at most (docs/protocol.md, "Limits"): a result
+#: with more cannot come from one, and the bootstrap's work grows with the count (docs/intervals.md).
+MAX_EPISODES = 10_000
+
+
 def _check_episodes(ref: str, r: EvalResult) -> None:
     """The figures an EvalResult derives from its episodes are what its episodes say."""
+    if r.num_episodes > MAX_EPISODES:
+        raise ResultInconsistency(f"{ref}: {r.num_episodes} episodes, more than an evaluator runs ({MAX_EPISODES})")
     if len(r.episodes) != r.num_episodes or [e.index for e in r.episodes] != list(range(r.num_episodes)):
         raise ResultInconsistency(f"{ref}: episodes are not exactly 0..{r.num_episodes - 1}")
     if r.num_episodes == 0:
@@ -229,11 +248,39 @@ def check_task_results(results: TaskResults) -> TaskResults:
 class RunScore:
     tasks: tuple[TaskScore, ...]
     aggregate: Aggregate
+    intervals: intervals.RunIntervals | None = None  # None: not computed (no episodes at hand)
+
+
+def resample_episodes(run_id: str, ref: str, r: EvalResult) -> intervals.Resampled:
+    """The means of a task's headline value and of each safety metric's counts in every resample."""
+    names = tuple(sorted({s.name for s in r.safety}))
+    columns = [[e.headline_value for e in r.episodes]]
+    columns += [[e.safety_counts.get(name, 0) for e in r.episodes] for name in names]
+    means = intervals.resampled_means(columns, intervals.stream_key(run_id, ref))
+    means.flags.writeable = False
+    return intervals.Resampled(means[:, 0], {name: means[:, 1 + i] for i, name in enumerate(names)})
+
+
+def resampled_score(
+    resampled: intervals.Resampled, r: EvalResult, target: TaskTarget, release: ReleaseManifest
+) -> intervals.Samples:
+    """A task's score before the gate in every resample (``score_task``'s formulas)."""
+    return intervals.score_samples(
+        resampled.measured,
+        resampled.rates,
+        paper_value=target.paper_value,
+        direction=r.headline_direction,
+        safety_limits=target.safety_limits,
+        cap=release.cap,
+        eps=release.eps,
+    )
 
 
 def score_run(results: TaskResults, release: ReleaseManifest, verdicts: Mapping[str, bool | None]) -> RunScore:
-    """Score every completed task against the release and aggregate (scoring.txt)."""
+    """Score every completed task against the release and aggregate (scoring.txt), with the 95%
+    intervals of the task finals and the aggregates (docs/intervals.md)."""
     scores = []
+    finals: dict[str, intervals.Samples] = {}
     for t in results.tasks:
         if t.status != "completed" or t.result is None:
             continue
@@ -256,9 +303,13 @@ def score_run(results: TaskResults, release: ReleaseManifest, verdicts: Mapping[
                 eps=release.eps,
             )
         )
-    return RunScore(
-        tuple(scores), aggregate(scores, required=release.required_tasks, missing_tasks=release.missing_tasks)
+        samples = resampled_score(results.resampled[t.task], r, target, release)
+        finals[t.task] = intervals.final_samples(scores[-1], samples)
+    agg = aggregate(scores, required=release.required_tasks, missing_tasks=release.missing_tasks)
+    bounds = intervals.run_intervals(
+        scores, finals, required=release.required_tasks, missing_tasks=release.missing_tasks
     )
+    return RunScore(tuple(scores), agg, bounds)
 
 
 def task_score_document(s: TaskScore) -> dict[str, Any]:
@@ -301,4 +352,9 @@ def score_breakdown_document(run_score: RunScore, release: ReleaseManifest) -> d
             "coverage_complete": agg.coverage_complete,
             "required_task_set_hash": release.required_task_set_hash,
         },
-    }
+    } | ({} if run_score.intervals is None else {"intervals": intervals_document(run_score)})
+
+
+def intervals_document(run_score: RunScore) -> dict[str, Any] | None:
+    """The 95% intervals of ``run_score`` as ``score_breakdown.json`` holds them (None: not computed)."""
+    return None if run_score.intervals is None else intervals.intervals_document(run_score.intervals)

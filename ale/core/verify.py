@@ -563,12 +563,20 @@ def recompute_scores(
 ) -> RunScore:
     """Recompute the scores from the evaluator results and the bundle's own verdicts (``verdicts``,
     from :func:`check_verdicts`; by default :func:`own_verdicts`) and compare them with the claimed
-    ones: the claims must follow from the bundle. What the board shows is :func:`credited_scores`."""
+    ones: the claims must follow from the bundle, their 95% intervals included when the bundle has
+    them (an older runner's has none). What the board shows is :func:`credited_scores`."""
     recomputed = score_run(docs.results, release, own_verdicts(docs) if verdicts is None else verdicts)
     document = parse_json(canonical_json(score_breakdown_document(recomputed, release)), what="the recomputed scores")
-    if not _close(document, plain(docs.claimed)):
+    claimed = plain(docs.claimed)
+    bounds, claimed_bounds = document.pop("intervals"), claimed.pop("intervals")
+    if not _close(document, claimed):
         raise VerificationError(
             Reason.SCORE_MISMATCH, "the claimed scores differ from the scores recomputed from the results"
+        )
+    if claimed_bounds is not None and not _close(bounds, claimed_bounds):  # None: an older runner's
+        raise VerificationError(
+            Reason.SCORE_MISMATCH,
+            "the claimed 95% intervals differ from the ones recomputed from the episodes (docs/intervals.md)",
         )
     return recomputed
 

@@ -27,6 +27,7 @@ from ale.core.documents import (
     MANIFEST_SCHEMA,
     NETWORK_SCHEMA,
 )
+from ale.core.intervals import Interval
 from ale.core.judge_input import build_input, task_windows
 from ale.core.merkle import files_root
 from ale.core.network import REQUEST_FIELDS, USAGE_FIELDS
@@ -235,17 +236,24 @@ def judge_lines(record: RunRecord) -> list[str]:
     return lines
 
 
+def _ci(bounds: Interval | None) -> str:
+    return "" if bounds is None else f" (95% interval {bounds.lower:.3f}-{bounds.upper:.3f})"
+
+
 def summary_lines(run_score: RunScore) -> list[str]:
     lines = []
+    bounds = run_score.intervals
     for s in run_score.tasks:
         gate = "" if s.faithful is None else (" faithful" if s.faithful else " UNFAITHFUL")
+        ci = _ci(bounds.tasks.get(s.task) if bounds is not None else None)
         lines.append(
             f"{s.task}: {s.metric} = {s.measured:.4g} (paper {s.paper_value:.4g}), gap {s.gap:.3f}, "
-            f"penalties {json.dumps({k: round(v, 3) for k, v in s.penalties.items()})}, final {s.final:.3f},{gate} "
-            f"pass rate {s.pass_rate:.2f}"
+            f"penalties {json.dumps({k: round(v, 3) for k, v in s.penalties.items()})}, final {s.final:.3f}{ci},"
+            f"{gate} pass rate {s.pass_rate:.2f}"
         )
     agg = run_score.aggregate
     mean = "n/a" if agg.macro_mean is None else f"{agg.macro_mean:.3f}"
+    mean += _ci(bounds.macro_mean if bounds is not None else None)
     lines.append(
         f"macro mean {mean} over {len(agg.covered)} of {len(agg.covered) + len(agg.missing)} required tasks"
         + ("" if agg.coverage_complete else f" (missing: {', '.join(agg.missing)})")

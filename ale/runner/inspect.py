@@ -185,6 +185,7 @@ def report_json(report: Report) -> dict[str, Any]:
         "network": plain(report.docs.network),
         "scores": plain(report.claimed.tasks),
         "aggregate": plain(report.claimed.aggregate),
+        "intervals": plain(report.claimed.intervals),  # the claimed 95% intervals (docs/intervals.md), recomputed
         "merkle_root": report.root,
         "signature": _signature_json(report),
         "faithfulness": _faithfulness_json(report),
@@ -204,6 +205,10 @@ def _write_network(network: Mapping[str, Any], out: TextIO) -> None:
         f"({requests['allowed']} allowed, {requests['denied']} denied), {usage['input_tokens']} input tokens "
         f"({usage['cached_input_tokens']} cached), {usage['output_tokens']} output tokens\n"
     )
+
+
+def _ci(bounds: Mapping[str, float] | None) -> str:
+    return "" if bounds is None else f" (95% interval {bounds['lower']:.3f}-{bounds['upper']:.3f})"
 
 
 def _write_text(doc: Mapping[str, Any], out: TextIO) -> None:
@@ -226,12 +231,15 @@ def _write_text(doc: Mapping[str, Any], out: TextIO) -> None:
             line += f" ({t['reason']})"
         out.write(line + "\n")
     _write_network(doc["network"], out)
+    bounds = doc["intervals"] or {"tasks": {}, "macro_mean": None}
     for s in doc["scores"]:
-        out.write(f"  score {s['task']}: gap {s['gap']:.3f} x penalties -> {s['score']:.3f}, final {s['final']:.3f}\n")
+        ci = _ci(bounds["tasks"].get(s["task"]))
+        out.write(f"  score {s['task']}: gap {s['gap']:.3f} x penalties -> {s['score']:.3f}, ")
+        out.write(f"final {s['final']:.3f}{ci}\n")
     agg = doc["aggregate"]
     mean, rate = agg["macro_mean"], agg["pass_rate"]
     covered, missing = len(agg["covered"]), len(agg["missing"])
-    mean_text = "n/a" if mean is None else f"{mean:.3f}"
+    mean_text = "n/a" if mean is None else f"{mean:.3f}{_ci(bounds['macro_mean'])}"
     rate_text = "n/a" if rate is None else f"{rate:.2f}"
     out.write(f"macro mean {mean_text}, pass rate {rate_text}, coverage {covered}/{covered + missing}\n")
     for ref, f in doc["faithfulness"].items():
