@@ -22,9 +22,9 @@ from ale_verify._routes_public import bp as public_bp
 from ale_verify._routes_public import leaderboard_rows, public_submission
 from ale_verify._routes_submissions import bp as submissions_bp
 from ale_verify._web import STATE_KEY, ApiError, AppState, check_path_ids, error_response, state
-from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 from ale_verify.pipeline import site_identity
+from ale_verify.workers import RETRY_AFTER_S, Admission, Busy, UploadPool
 
 __all__ = ["ApiError", "create_app", "leaderboard_rows", "public_submission"]
 
@@ -44,14 +44,15 @@ def create_app(settings: Settings) -> Quart:
         settings=settings,
         signing_key=signing_key,
         recipient=str(pyrage.x25519.Identity.from_str(site_identity(settings)).to_public()),
-        workers=ChainWorkers(settings.check_processes) if settings.check_processes > 0 else None,
+        admission=Admission(settings.max_pending_uploads),
+        pool=UploadPool(settings, signing_key, settings.workers) if settings.workers > 0 else None,
     )
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     app.url_value_preprocessor(check_path_ids)
-    app.before_serving(_start_workers)
     app.after_serving(_stop_workers)
     app.register_error_handler(db.Unavailable, _database_unavailable)
+    app.register_error_handler(Busy, _busy)
     app.register_error_handler(db.Unstorable, _unstorable)
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
@@ -59,16 +60,15 @@ def create_app(settings: Settings) -> Quart:
     return app
 
 
-async def _start_workers() -> None:
-    workers = state().workers
-    if workers is not None:
-        await asyncio.to_thread(workers.warm)
-
-
 async def _stop_workers() -> None:
-    s = state()
-    if s.workers is not None:
-        await asyncio.to_thread(s.workers.close)
+    await close(state())
+
+
+async def close(s: AppState) -> None:
+    """Let the workers finish their uploads and stop them (uploads are refused from then on:
+    503 verifier_busy), close the database pool."""
+    if s.pool is not None:
+        await asyncio.to_thread(s.pool.close)
     await asyncio.to_thread(db.close, s.settings.database)
 
 
@@ -76,6 +76,12 @@ async def _database_unavailable(exc: db.Unavailable) -> Response:
     log.error("%s", exc)  # the operator's detail; the client is told only that it is unavailable
     response = error_response(503, "database_unavailable", "the database is unavailable; try again later")
     response.headers["Retry-After"] = str(int(db.WAIT_S))
+    return response
+
+
+async def _busy(exc: Busy) -> Response:
+    response = error_response(503, "verifier_busy", f"{exc}; try again later")
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
 
