@@ -2,6 +2,9 @@
 failure a :class:`~ale.core.reasons.VerificationError` whose :class:`~ale.core.reasons.Reason`
 the database stores and the API returns. Anything else raised here is our bug (HTTP 500), never
 the uploader's. Steps 3 to 12 are ``ale.core``'s, the very functions ``ale inspect`` runs.
+:func:`verify_upload` runs steps 1 to 13 (the server runs it on an upload worker,
+ale_verify.workers; :func:`process_upload` in this process), asking :class:`Site` for what needs
+the site's records; :func:`record` is step 14.
 
 1. receive ciphertext (streamed to a temp file by the app, the size cap enforced while reading)
 2. SHA-256 of the ciphertext

@@ -114,7 +114,7 @@ class _Link:
 
     def _keep(self, message: tuple[Any, ...]) -> None:
         """A message about the current upload's chunks (another one's are stale: dropped)."""
-        if message[1] == self.job and not self.dropped:
+        if message[0] in ("yours", "none", "report") and message[1] == self.job and not self.dropped:
             self.chain.append(message)
 
     def task(self) -> tuple[Any, ...]:
