@@ -336,7 +336,7 @@ def test_export_site_every_refuses_a_period_that_is_not_one(tmp_path: Path, bad:
 def test_export_site_every_exports_then_stops_on_sigterm(tmp_path: Path) -> None:
     """As the exporter container's first process: it exports, keeps running, and SIGTERM ends it
     at once with status 0 (a first process ignores a signal it has no handler for)."""
-    env = {**os.environ, "ALE_VERIFY_DATA": str(tmp_path), "ALE_VERIFY_CHECK_PROCESSES": "0"}
+    env = {**os.environ, "ALE_VERIFY_DATA": str(tmp_path), "ALE_VERIFY_WORKERS": "0"}
     db.migrate(tmp_path / "verifier.sqlite3")
     out = tmp_path / "site" / "board"
     with subprocess.Popen(

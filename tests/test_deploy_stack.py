@@ -175,7 +175,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     (folder / ".env").write_text(
         f"ALE_VERIFIER_IMAGE={image}\nALE_SITE_ADDRESS=localhost\nALE_SITE_BIND=127.0.0.1\n"
         f"ALE_SITE_HTTPS_PORT={https}\nALE_SITE_HTTP_PORT={http}\nALE_VERIFY_PUBLIC_URL=https://localhost:{https}\n"
-        "ALE_SITE_EXPORT_EVERY=0.5\nALE_VERIFY_CHECK_PROCESSES=1\n"
+        "ALE_SITE_EXPORT_EVERY=0.5\nALE_VERIFY_WORKERS=1\n"
     )
     s = Site(folder, project, f"https://localhost:{https}", http, folder / "root.crt", recipient, env, built)
     try:

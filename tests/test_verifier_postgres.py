@@ -283,7 +283,7 @@ def test_static_export_is_the_same_from_either_engine(
 
 def _two_servers(world: h.World, tmp: Path, database: Path | str, **env: str) -> list[h.LiveServer]:
     """Two ``ale-verify serve`` on one database, started at once (both migrate it)."""
-    common = {"DATABASE_URL": _url(database), "ALE_VERIFY_CHECK_PROCESSES": "0", **env}
+    common = {"DATABASE_URL": _url(database), "ALE_VERIFY_WORKERS": "0", **env}
     servers = [h.start_live_server(world.keys, tmp, name=f"serve{i}", wait=False, **common) for i in (0, 1)]
     try:
         for server in servers:

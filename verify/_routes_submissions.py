@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import tempfile
-from pathlib import Path
+import time
 from typing import Any
 
 from quart import Blueprint, request
 
 from ale_verify import db, tokens
 from ale_verify._web import ApiError, authenticated, refuse_fields, run_db, state
-from ale_verify.bodies import NoBody, check_media_type, json_body, read_capped, refuse_declared_over
+from ale_verify.bodies import NoBody, check_media_type, json_body, refuse_declared_over, spool_capped
 from ale_verify.pipeline import Outcome, process_upload
+from ale_verify.workers import Ticket
 
 bp = Blueprint("submissions", __name__)
 BUNDLE_MEDIA_TYPE = "application/octet-stream"
@@ -54,19 +54,25 @@ async def upload(user: str) -> Any:
     refuse_fields(request.args, what="parameters")
     check_media_type(BUNDLE_MEDIA_TYPE)
     refuse_declared_over(settings.max_upload_bytes)
-    if not await run_db(db.take_rate, settings.database, user, "upload", settings.uploads_per_hour):
-        raise ApiError(429, "rate_limited", f"at most {settings.uploads_per_hour} uploads an hour")
-    received = await read_capped(settings.max_upload_bytes)
-    if not received:
-        raise ApiError(400, "empty_upload", "the body must be the bundle's bytes")
-    path = await asyncio.to_thread(_spool, settings.tmp_dir, received)
-    del received
-    outcome = await asyncio.to_thread(process_upload, path, settings, s.signing_key, user_id=user, workers=s.workers)
+    ticket = s.admission.admit()  # 503 verifier_busy (Retry-After) before anything is read or counted
+    try:
+        if not await run_db(db.take_rate, settings.database, user, "upload", settings.uploads_per_hour):
+            raise ApiError(429, "rate_limited", f"at most {settings.uploads_per_hour} uploads an hour")
+        path = await spool_capped(settings.max_upload_bytes, settings.tmp_dir)  # 1. (413 past the cap)
+        if path is None:
+            raise ApiError(400, "empty_upload", "the body must be the bundle's bytes")
+    except BaseException:
+        ticket.release()
+        raise
+    if s.pool is None:
+        outcome = await asyncio.get_running_loop().run_in_executor(None, _in_process, s, path, user, ticket)
+    else:  # steps 2-13 on a worker; it stores the verdict and deletes the file whatever becomes of this request
+        outcome = await asyncio.wrap_future(s.pool.submit(path, user_id=user, now=time.time(), ticket=ticket))
     return _verdict(outcome, settings.public_url)
 
 
-def _spool(tmp_dir: Path, data: bytes) -> Path:
-    fd, name = tempfile.mkstemp(prefix="upload-", suffix=".ale", dir=tmp_dir)
-    with open(fd, "wb") as fh:
-        fh.write(data)
-    return Path(name)
+def _in_process(s: Any, path: Any, user: str, ticket: Ticket) -> Outcome:
+    try:
+        return process_upload(path, s.settings, s.signing_key, user_id=user)
+    finally:
+        ticket.release()

@@ -16,10 +16,10 @@ import attrs
 from quart import Response, current_app, jsonify, request, session
 
 from ale_verify import db
-from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 from ale_verify.judge_worker import JudgeWorker
 from ale_verify.pipeline import ELEVATION_FIELDS
+from ale_verify.workers import Admission, UploadPool
 
 T = TypeVar("T")
 View = Callable[..., Awaitable[Any]]
@@ -33,12 +33,13 @@ MAX_AUTHORIZATION = 512
 
 @attrs.frozen(repr=False)
 class AppState:
-    """What the routes need: the settings, the site's keys, the trajectory workers."""
+    """What the routes need: the settings, the site's keys, the uploads' admission and workers."""
 
     settings: Settings
     signing_key: bytes
     recipient: str  # the site's age public key
-    workers: ChainWorkers | None
+    admission: Admission
+    pool: UploadPool | None  # None: uploads are checked in the server's own process
     judge_worker: JudgeWorker | None = None  # with a judge configured (ale_verify.judge_worker)
 
     def __repr__(self) -> str:  # never print the signing key, even by accident

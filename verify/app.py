@@ -22,10 +22,10 @@ from ale_verify._routes_public import bp as public_bp
 from ale_verify._routes_public import leaderboard_rows, public_submission
 from ale_verify._routes_submissions import bp as submissions_bp
 from ale_verify._web import STATE_KEY, ApiError, AppState, check_path_ids, error_response, state
-from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 from ale_verify.judge_worker import JudgeWorker
 from ale_verify.pipeline import site_identity
+from ale_verify.workers import RETRY_AFTER_S, Admission, Busy, UploadPool
 
 __all__ = ["ApiError", "create_app", "leaderboard_rows", "public_submission"]
 
@@ -45,7 +45,8 @@ def create_app(settings: Settings) -> Quart:
         settings=settings,
         signing_key=signing_key,
         recipient=str(pyrage.x25519.Identity.from_str(site_identity(settings)).to_public()),
-        workers=ChainWorkers(settings.check_processes) if settings.check_processes > 0 else None,
+        admission=Admission(settings.max_pending_uploads),
+        pool=UploadPool(settings, signing_key, settings.workers) if settings.workers > 0 else None,
         judge_worker=JudgeWorker(settings) if judging.configured(settings) else None,
     )
     for blueprint in BLUEPRINTS:
@@ -54,6 +55,7 @@ def create_app(settings: Settings) -> Quart:
     app.before_serving(_start_workers)
     app.after_serving(_stop_workers)
     app.register_error_handler(db.Unavailable, _database_unavailable)
+    app.register_error_handler(Busy, _busy)
     app.register_error_handler(db.Unstorable, _unstorable)
     app.register_error_handler(ApiError, _api_error)
     app.register_error_handler(HTTPException, _http_error)
@@ -63,18 +65,21 @@ def create_app(settings: Settings) -> Quart:
 
 async def _start_workers() -> None:
     s = state()
-    if s.workers is not None:
-        await asyncio.to_thread(s.workers.warm)
     if s.judge_worker is not None:
         s.judge_worker.start()
 
 
 async def _stop_workers() -> None:
-    s = state()
+    await close(state())
+
+
+async def close(s: AppState) -> None:
+    """Stop the judge worker, let the upload workers finish their uploads and stop them (uploads
+    are refused from then on: 503 verifier_busy), close the database pool."""
     if s.judge_worker is not None:
         await asyncio.to_thread(s.judge_worker.stop)
-    if s.workers is not None:
-        await asyncio.to_thread(s.workers.close)
+    if s.pool is not None:
+        await asyncio.to_thread(s.pool.close)
     await asyncio.to_thread(db.close, s.settings.database)
 
 
@@ -82,6 +87,12 @@ async def _database_unavailable(exc: db.Unavailable) -> Response:
     log.error("%s", exc)  # the operator's detail; the client is told only that it is unavailable
     response = error_response(503, "database_unavailable", "the database is unavailable; try again later")
     response.headers["Retry-After"] = str(int(db.WAIT_S))
+    return response
+
+
+async def _busy(exc: Busy) -> Response:
+    response = error_response(503, "verifier_busy", f"{exc}; try again later")
+    response.headers["Retry-After"] = str(RETRY_AFTER_S)
     return response
 
 

@@ -11,8 +11,13 @@ fault is a 400 ``bad_request`` that names it. Nothing a client sends reaches a v
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import contextlib
+import os
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
@@ -34,6 +39,8 @@ MAX_JSON_DEPTH = 8
 #: The longest text field (a reason, a label).
 MAX_TEXT = 2000
 JSON_MEDIA_TYPE = "application/json"
+#: An upload's body is written to its file in pieces of about this much (what the server holds of it).
+SPOOL_BLOCK = 1024 * 1024
 
 
 def _text(_instance: Any, attribute: attrs.Attribute[str], value: str) -> None:
@@ -132,6 +139,46 @@ async def read_capped(limit: int) -> bytes:
         if len(received) > limit:
             raise _too_large(limit)
     return bytes(received)
+
+
+async def spool_capped(limit: int, directory: Path) -> Path | None:
+    """The whole body written to a new private file in ``directory`` (its path; None for an empty
+    body), or 413 as soon as it is known to exceed ``limit`` bytes. At most about
+    :data:`SPOOL_BLOCK` bytes of it are held in memory; the file is deleted if anything fails."""
+    refuse_declared_over(limit)
+    fd, name = await asyncio.to_thread(tempfile.mkstemp, prefix="upload-", suffix=".ale", dir=directory)
+    path, size, pending = Path(name), 0, bytearray()
+    try:
+        async for chunk in request.body:
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(limit)
+            pending += chunk
+            if len(pending) >= SPOOL_BLOCK:
+                await asyncio.to_thread(_write_all, fd, bytes(pending))
+                pending.clear()
+        if pending:
+            await asyncio.to_thread(_write_all, fd, bytes(pending))
+    except BaseException:
+        os.close(fd)
+        _remove(name)
+        raise
+    os.close(fd)
+    if size == 0:
+        _remove(name)
+        return None
+    return path
+
+
+def _remove(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def decode_body(raw: bytes, cls: type[T], *, empty_ok: bool = False) -> T:

@@ -53,12 +53,17 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         if not path.exists():
             print(f"ale-verify: error: {path} is missing: run `ale-verify keygen` first", file=sys.stderr)
             return 2
+    if args.workers is not None:
+        import attrs
+
+        settings = attrs.evolve(settings, workers=args.workers)
     config = Config()
     config.bind = [args.bind]
     config.accesslog = "-" if args.access_log else None
     config.errorlog = "-"
     app = create_app(settings)
-    print(json.dumps({"event": "ready", "bind": args.bind, "version": __version__}), flush=True)
+    ready = {"event": "ready", "bind": args.bind, "version": __version__, "workers": settings.workers}
+    print(json.dumps(ready), flush=True)
     asyncio.run(serve(app, config))
     return 0
 
@@ -215,6 +220,16 @@ def _period(raw: str) -> float:
     return value
 
 
+def _workers(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of worker processes") from None
+    if not 0 <= value <= 1024:
+        raise argparse.ArgumentTypeError(f"{raw!r}: between 0 and 1024 worker processes")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ale-verify",
@@ -228,6 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the API under hypercorn")
     serve.add_argument("--bind", default="127.0.0.1:8000", help="HOST:PORT (default 127.0.0.1:8000)")
     serve.add_argument("--access-log", action="store_true", help="log every request to stdout")
+    serve.add_argument(
+        "--workers",
+        type=_workers,
+        metavar="N",
+        help="upload worker processes (default: $ALE_VERIFY_WORKERS, else the usable cores; 0: every check "
+        "in the server's own process)",
+    )
     serve.set_defaults(func=cmd_serve)
     check = sub.add_parser("check", help="run the site's checks on a bundle offline (operators, CI)")
     check.add_argument("bundle")

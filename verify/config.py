@@ -54,6 +54,26 @@ def _seconds(env: dict[str, str], name: str, default: float, *, low: float) -> f
     return value
 
 
+def _positive(value: int, name: str) -> int:
+    if value < 1:
+        raise ValueError(f"{name} must be 1 or more, got {value}")
+    return value
+
+
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity mask, which a container's cpuset sets)."""
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def _workers(env: dict[str, str]) -> int:
+    """``ALE_VERIFY_WORKERS``, else its older name ``ALE_VERIFY_CHECK_PROCESSES``, else the usable
+    cores; both set is a mistake, said at once."""
+    if "ALE_VERIFY_WORKERS" in env and "ALE_VERIFY_CHECK_PROCESSES" in env:
+        raise ValueError("set ALE_VERIFY_WORKERS or its older name ALE_VERIFY_CHECK_PROCESSES, not both")
+    name = "ALE_VERIFY_CHECK_PROCESSES" if "ALE_VERIFY_CHECK_PROCESSES" in env else "ALE_VERIFY_WORKERS"
+    return _non_negative(_int(env, name, usable_cores()), name)
+
+
 def _database(env: dict[str, str], data: Path) -> db.Location:
     """``DATABASE_URL`` (SQLite or PostgreSQL), else ``ALE_VERIFY_DATABASE`` (a SQLite file), else
     ``$ALE_VERIFY_DATA/verifier.sqlite3``; both set is a mistake, said at once."""
@@ -100,8 +120,13 @@ class Settings:
     max_files: int = 16
     max_file_bytes: int = 48 * 1024 * 1024
     max_stanzas: int = 8
-    #: worker processes that check trajectories (0: in the server's own process)
-    check_processes: int = 0
+    #: upload worker processes (ale_verify.workers; 0: every check in the server's own process)
+    workers: int = 0
+    #: uploads the server holds at once (being received, waiting for a worker, being checked)
+    max_pending_uploads: int = 64
+    #: a worker's address space (bytes; 0: unbounded) and each of its tasks' CPU time (seconds; 0: unbounded)
+    worker_memory_bytes: int = 2 * 1024 * 1024 * 1024
+    worker_cpu_s: int = 120
     challenge_ttl_s: int = 7 * 24 * 3600
     challenges_per_hour: int = 60
     uploads_per_hour: int = 30
@@ -152,9 +177,12 @@ class Settings:
             max_files=n("ALE_VERIFY_MAX_FILES", 16),
             max_file_bytes=n("ALE_VERIFY_MAX_FILE_BYTES", 48 * 1024 * 1024),
             max_stanzas=n("ALE_VERIFY_MAX_STANZAS", 8),
-            check_processes=_non_negative(
-                n("ALE_VERIFY_CHECK_PROCESSES", len(os.sched_getaffinity(0))), "ALE_VERIFY_CHECK_PROCESSES"
+            workers=_workers(env),
+            max_pending_uploads=_positive(n("ALE_VERIFY_MAX_PENDING_UPLOADS", 64), "ALE_VERIFY_MAX_PENDING_UPLOADS"),
+            worker_memory_bytes=_non_negative(
+                n("ALE_VERIFY_WORKER_MEMORY_BYTES", 2 * 1024 * 1024 * 1024), "ALE_VERIFY_WORKER_MEMORY_BYTES"
             ),
+            worker_cpu_s=_non_negative(n("ALE_VERIFY_WORKER_CPU_S", 120), "ALE_VERIFY_WORKER_CPU_S"),
             challenge_ttl_s=n("ALE_VERIFY_CHALLENGE_TTL_S", 7 * 24 * 3600),
             challenges_per_hour=n("ALE_VERIFY_CHALLENGES_PER_HOUR", 60),
             uploads_per_hour=n("ALE_VERIFY_UPLOADS_PER_HOUR", 30),

@@ -180,6 +180,8 @@ def _level_change(operation: str, conflict: str) -> dict[str, Any]:
 
 #: The operations that read no database: every other one may answer 503 database_unavailable.
 WITHOUT_DATABASE = frozenset({"health", "submissionKey"})
+#: ... and an upload also 503 verifier_busy (ale_verify.workers.Admission).
+BUSY = "; or (verifier_busy) it holds as many uploads as it takes at once"
 
 
 def document(server_url: str) -> dict[str, Any]:
@@ -187,7 +189,8 @@ def document(server_url: str) -> dict[str, Any]:
     for item in doc["paths"].values():
         for operation in item.values():
             if operation["operationId"] not in WITHOUT_DATABASE:
-                operation["responses"]["503"] = _error("the database is unavailable (try again later)")
+                busy = BUSY if operation["operationId"] == "submit" else ""
+                operation["responses"]["503"] = _error(f"the database is unavailable{busy} (try again later)")
     return doc
 
 

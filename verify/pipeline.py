@@ -2,6 +2,9 @@
 failure a :class:`~ale.core.reasons.VerificationError` whose :class:`~ale.core.reasons.Reason`
 the database stores and the API returns. Anything else raised here is our bug (HTTP 500), never
 the uploader's. Steps 3 to 12 are ``ale.core``'s, the very functions ``ale inspect`` runs.
+:func:`verify_upload` runs steps 1 to 13 (the server runs it on an upload worker,
+ale_verify.workers; :func:`process_upload` in this process), asking :class:`Site` for what needs
+the site's records; :func:`record` is step 14.
 
 1. receive ciphertext (streamed to a temp file by the app, the size cap enforced while reading)
 2. SHA-256 of the ciphertext
@@ -29,6 +32,7 @@ the uploader's. Steps 3 to 12 are ``ale.core``'s, the very functions ``ale inspe
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import secrets
@@ -37,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import attrs
 
@@ -47,6 +51,7 @@ from ale.core.documents import ELEVATION_MEMBERS
 from ale.core.faithfulness import Credit
 from ale.core.reasons import Level, Reason
 from ale.core.results import RunScore
+from ale.core.trajectory import ChunkReport
 from ale.core.verify import (
     Documents,
     RunnerKey,
@@ -67,7 +72,6 @@ from ale.core.verify import (
 from ale.runner.inspect import installed_releases, read_identity
 from ale.schemas import validate_document
 from ale_verify import db, judging, provenance, tokens
-from ale_verify.chain_workers import ChainWorkers
 from ale_verify.config import Settings
 
 log = logging.getLogger(__name__)
@@ -86,6 +90,7 @@ class Outcome:
     reason: Reason | None  # the first failure's code
     reasons: list[dict[str, str]]
     summary: dict[str, Any]
+    queued: db.Queued | None = None  # an accepted upload's judge jobs and scoring input (step 14 stores them)
 
 
 def limits(settings: Settings) -> bundle.Limits:
@@ -105,14 +110,77 @@ def site_identity(settings: Settings) -> str:
 
 def registered_runner(settings: Settings) -> Callable[[str], RunnerKey | None]:
     """Looks up a registered, active runner key in the site's database."""
+    return LocalSite(settings).runner_key
 
-    def lookup(key_id: str) -> RunnerKey | None:
-        row = db.runner_key(settings.database, key_id)
+
+class Site(Protocol):
+    """What the pipeline asks of the site's own records: the database (steps 8 and 10; the
+    operator's judge is asked after the upload, by the judge worker). :class:`LocalSite` answers in
+    this process; an upload worker's site asks the server, which answers with a LocalSite
+    (ale_verify.workers)."""
+
+    def challenge(self, challenge_id: str) -> dict[str, Any] | None:
+        """The challenge's row, or None when the site never issued it."""
+
+    def consume(self, challenge_id: str, submission_id: str) -> bool:
+        """Mark the challenge used by this submission; False when it was already used."""
+
+    def runner_key(self, key_id: str) -> RunnerKey | None:
+        """A registered, active runner key."""
+
+
+@attrs.frozen(repr=False)
+class LocalSite:
+    """The site's records, asked in this process."""
+
+    settings: Settings
+
+    def challenge(self, challenge_id: str) -> dict[str, Any] | None:
+        return db.get_challenge(self.settings.database, challenge_id)
+
+    def consume(self, challenge_id: str, submission_id: str) -> bool:
+        try:
+            db.consume_challenge(self.settings.database, challenge_id, submission_id)
+        except db.Conflict:
+            return False
+        return True
+
+    def runner_key(self, key_id: str) -> RunnerKey | None:
+        row = db.runner_key(self.settings.database, key_id)
         if row is None or row["retired_at"] is not None:
             return None
         return RunnerKey(row["key_id"], row["public_key"], row["kind"], row["label"])
 
-    return lookup
+
+class ChainJob(Protocol):
+    """The trajectory's chain checked elsewhere while it is decompressed (ale_verify.chain_workers)."""
+
+    def start(self, compressed: bytes) -> None:
+        """Decompress ``events.jsonl.zst`` (ale.core.verify.decompress_events), from now on."""
+
+    def decompressed(self) -> bytes:
+        """What decompress_events gives when it feeds a job (empty), or raises, once it is done."""
+
+    def reports(self) -> list[ChunkReport] | bytes:
+        """The chunks' reports in stream order, or the whole stream to check in one pass."""
+
+    def stream(self) -> bytes:
+        """The whole decompressed trajectory, as fed."""
+
+    def cancel(self) -> None:
+        """End the job and free what it holds (idempotent)."""
+
+
+def warm() -> None:
+    """Load what every upload needs (the task catalog and rubrics, the releases, the schemas) once,
+    so that a worker's first upload does not pay for it."""
+    from ale.schemas import DOCUMENTS, validator
+
+    catalog.tasks()
+    catalog.judge_contexts()
+    installed_releases()
+    for name in DOCUMENTS.values():
+        validator(name)
 
 
 # -- steps --------------------------------------------------------------------------------------
@@ -134,14 +202,15 @@ def step_allowlist(files: dict[str, bytes]) -> None:
     bundle.check_allowlist(files)
 
 
-def step_schemas(files: dict[str, bytes], on_events: Callable[[bytes], None] | None = None) -> Documents:
+def step_schemas(files: dict[str, bytes], events: Callable[[], bytes] | None = None) -> Documents:
     """Every document parsed (parse_json), refused if it claims a level anywhere, canonical,
-    schema-valid and structured into its model (ale.core.verify.parse_documents)."""
-    return parse_documents(files, validate_document, on_events)
+    schema-valid and structured into its model, then the trajectory decompressed (``events``:
+    by a chain job, which started it already; ale.core.verify.parse_documents)."""
+    return parse_documents(files, validate_document, events)
 
 
 def step_challenge(
-    docs: Documents, settings: Settings, signing_key: bytes, *, user_id: str, submission_id: str, now: float
+    docs: Documents, site: Site, signing_key: bytes, *, user_id: str, submission_id: str, now: float
 ) -> dict[str, Any] | None:
     """Verify the token and consume its challenge; None when the run had no challenge."""
     challenge = docs.manifest.challenge
@@ -151,7 +220,7 @@ def step_challenge(
         payload = tokens.verify(signing_key, challenge.token, now=now)
     except tokens.TokenError as exc:
         raise VerificationError(Reason(exc.reason), str(exc)) from None
-    row = db.get_challenge(settings.database, payload["cid"])
+    row = site.challenge(payload["cid"])
     if row is None or row["nonce"] != payload["nonce"]:
         raise VerificationError(Reason.TOKEN_INVALID, "the challenge token names no challenge this site issued")
     if row["user_id"] != user_id:
@@ -159,25 +228,26 @@ def step_challenge(
     if challenge.nonce != payload["nonce"]:
         raise VerificationError(Reason.NONCE_MISMATCH, "the manifest's nonce is not the challenge's")
     # The nonce must be the one bound into the trajectory's first event (checked with the chain).
-    try:
-        db.consume_challenge(settings.database, payload["cid"], submission_id)
-    except db.Conflict:
-        raise VerificationError(Reason.TOKEN_REPLAYED, "the challenge token was already used") from None
+    if not site.consume(payload["cid"], submission_id):
+        raise VerificationError(Reason.TOKEN_REPLAYED, "the challenge token was already used")
     return row
 
 
-def step_signature(docs: Documents, root: str, settings: Settings) -> RunnerKey | None:
+def step_signature(docs: Documents, root: str, site: Site) -> RunnerKey | None:
     """A runner signature over the root, if any: it must verify and name a registered, active key."""
-    return check_signature(docs, root, registered_runner(settings))[1]
+    return check_signature(docs, root, site.runner_key)[1]
 
 
-def step_faithfulness(docs: Documents, files: dict[str, bytes], release: Any, settings: Settings) -> judging.Plan:
+def step_faithfulness(
+    docs: Documents, files: dict[str, bytes], events: Callable[[], bytes], release: Any, settings: Settings
+) -> judging.Plan:
     """Step 12: the verdicts held to the judge inputs rebuilt from the bundle, the claimed scores
     recomputed from the bundle's own verdicts, then the credited verdicts, the board's scores and
-    the judge jobs the upload leaves (:func:`ale_verify.judging.plan`)."""
+    the judge jobs the upload leaves (:func:`ale_verify.judging.plan`). ``events`` gives the
+    decompressed trajectory (read only when a task is a reproduction task)."""
     contexts = catalog.judge_contexts()
     reproduction = any(t.genre == "reproduction" for t in docs.results.tasks)
-    inputs, verdicts = check_verdicts(docs, contexts, trajectory(docs, files) if reproduction else b"")
+    inputs, verdicts = check_verdicts(docs, contexts, events() if reproduction else b"")
     recompute_scores(docs, release, verdicts)
     return judging.plan(docs, files, release, settings, inputs)
 
@@ -236,6 +306,10 @@ def assign_level(summary: dict[str, Any]) -> tuple[Level, list[dict[str, str]]]:
 # -- the pipeline -------------------------------------------------------------------------------
 
 
+def _sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def _alongside(compute: Callable[[], T]) -> Callable[[], T]:
     """Start ``compute`` (SHA-256 work) on a thread; the returned function waits for its result.
 
@@ -267,70 +341,66 @@ def _alongside(compute: Callable[[], T]) -> Callable[[], T]:
     return wait
 
 
-def process_upload(
+def verify_upload(
     ciphertext_path: Path,
     settings: Settings,
     signing_key: bytes,
     *,
     user_id: str,
-    workers: ChainWorkers | None = None,
+    submission_id: str,
+    now: float,
+    site: Site,
+    chain: ChainJob | None = None,
 ) -> Outcome:
-    """Run every step on an uploaded file; always deletes it (unless bundles are kept).
+    """Steps 1 to 13 on an uploaded file: the verdict, nothing stored (:func:`record` stores it).
 
-    With ``workers``, the trajectory's lines are checked on worker processes while step 7 is
-    still decompressing it (same verdict, sooner); step 9 then only links their reports.
+    The server runs it on an upload worker (ale_verify.workers), :func:`process_upload` in this
+    process; the verdict is the same. With ``chain``, the trajectory's lines are checked elsewhere
+    while step 7 is still decompressing it (ale_verify.chain_workers); step 9 then only links
+    their reports. ``chain`` is cancelled on return.
     """
-    submission_id = "sub_" + secrets.token_hex(12)
-    job = workers.job() if workers is not None else None
-    now = time.time()
     digest = ""
     try:
         ciphertext = ciphertext_path.read_bytes()  # 1. received
-        digest_of = _alongside(lambda: hashlib.sha256(ciphertext).hexdigest())  # 2. (alongside 3)
+        digest_of = _alongside(functools.partial(_sha256_hex, ciphertext))  # 2. (alongside 3)
         try:
             try:
                 plain = step_decrypt(ciphertext, settings)  # 3.
             finally:
                 digest = digest_of()
+            del ciphertext
             tar = step_decompress(plain, settings)  # 4.
             del plain
             files = step_inspect_tar(tar, settings)  # 5.
             del tar
             step_allowlist(files)  # 6.
             digests_of = _alongside(lambda: file_digests(files))  # for 10, alongside 7-9
-            docs = step_schemas(files, job.feed if job is not None else None)  # 7.
+            if chain is not None:
+                chain.start(files["events.jsonl.zst"])  # 7.'s decompression, alongside its documents
+            docs = step_schemas(files, chain.decompressed if chain is not None else None)  # 7.
             challenge = step_challenge(
-                docs, settings, signing_key, user_id=user_id, submission_id=submission_id, now=now
+                docs, site, signing_key, user_id=user_id, submission_id=submission_id, now=now
             )  # 8.
-            chain = check_chain(
+            chain_summary = check_chain(
                 docs,
                 expected_nonce=challenge["nonce"] if challenge else None,
                 check_nonce=challenge is not None,
-                reports=job.reports if job is not None else None,
+                reports=chain.reports if chain is not None else None,
             )  # 9.
-            check_network(docs, chain)
-            root = check_integrity(files, docs, chain, digests_of())  # 10.
-            runner = step_signature(docs, root, settings)
+            check_network(docs, chain_summary)
+            root = check_integrity(files, docs, chain_summary, digests_of())  # 10.
+            runner = step_signature(docs, root, site)
             releases = installed_releases()
             release = check_versions(  # 11.
                 docs,
                 release_for=lambda sha: (releases[sha], sha) if sha in releases else None,
                 known_tasks={t.spec.ref: (t.spec, t.digest) for t in catalog.tasks().values()},
             )
-            judged = step_faithfulness(docs, files, release, settings)  # 12.
+            events = chain.stream if chain is not None else lambda: trajectory(docs, files)
+            judged = step_faithfulness(docs, files, events, release, settings)  # 12.
             recomputed, credits = judged.scores, judged.credits
         except VerificationError as exc:  # BundleError is one
-            reason = exc.reason
-            outcome = Outcome(
-                submission_id,
-                "rejected",
-                None,
-                reason,
-                [{"reason": reason, "message": str(exc)}],
-                {"ciphertext_sha256": digest},
-            )
-            _persist(outcome, settings, user_id=user_id, now=now, run_id=None)
-            return outcome
+            return rejected(submission_id, exc.reason, str(exc), digest)
         summary = audit_summary(
             docs,
             recomputed,
@@ -338,24 +408,63 @@ def process_upload(
             runner=runner,
             ciphertext_sha256=digest,
             root=root,
-            events=chain.events,
+            events=chain_summary.events,
             credits=credits,
             release_images=release.images,
         )  # 13.
         level, notes = assign_level(summary)
         notes += judging.judgement_notes({ref: c.summary() for ref, c in credits.items()})
         level, notes, summary = provenance.settle_images(level, notes, summary, docs, release, settings)  # images
-        outcome = Outcome(submission_id, "accepted", level, None, notes, summary)
-        _persist(outcome, settings, user_id=user_id, now=now, run_id=summary["run_id"], queued=judged.queued)  # 14.
-        if judged.queued.jobs:
-            judging.WAKE.set()  # this process's judge worker looks at once
-        if settings.keep_bundles and settings.bundle_dir is not None:
-            settings.bundle_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(ciphertext_path, settings.bundle_dir / f"{submission_id}.ale")
+        return Outcome(submission_id, "accepted", level, None, notes, summary, judged.queued)
+    finally:
+        if chain is not None:
+            chain.cancel()  # a step before 9 failed: the queued chunks are not needed
+
+
+def rejected(submission_id: str, reason: Reason, message: str, ciphertext_sha256: str) -> Outcome:
+    """The verdict on a refused upload: the first failure's code and message."""
+    return Outcome(
+        submission_id,
+        "rejected",
+        None,
+        reason,
+        [{"reason": reason, "message": message}],
+        {"ciphertext_sha256": ciphertext_sha256},
+    )
+
+
+def record(outcome: Outcome, ciphertext_path: Path, settings: Settings, *, user_id: str, now: float) -> None:
+    """Step 14: persist the verdict (the submission row and its audit log entry), and keep the
+    ciphertext when the site keeps bundles. The caller deletes the file (step 15)."""
+    _persist(outcome, settings, user_id=user_id, now=now, run_id=outcome.summary.get("run_id"), queued=outcome.queued)
+    if outcome.queued is not None and outcome.queued.jobs:
+        judging.WAKE.set()  # this process's judge worker looks at once
+    if outcome.status == "accepted" and settings.keep_bundles and settings.bundle_dir is not None:
+        settings.bundle_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ciphertext_path, settings.bundle_dir / f"{outcome.submission_id}.ale")
+
+
+def new_submission_id() -> str:
+    return "sub_" + secrets.token_hex(12)
+
+
+def process_upload(ciphertext_path: Path, settings: Settings, signing_key: bytes, *, user_id: str) -> Outcome:
+    """Every step on an uploaded file in this process (the server without workers, the tests, the
+    benchmark's reference); always deletes the file (unless bundles are kept: a copy is)."""
+    now = time.time()
+    try:
+        outcome = verify_upload(
+            ciphertext_path,
+            settings,
+            signing_key,
+            user_id=user_id,
+            submission_id=new_submission_id(),
+            now=now,
+            site=LocalSite(settings),
+        )
+        record(outcome, ciphertext_path, settings, user_id=user_id, now=now)
         return outcome
     finally:
-        if job is not None:
-            job.cancel()  # a step before 9 failed: the queued chunks are not needed
         ciphertext_path.unlink(missing_ok=True)  # 15. (the plaintext never touched the disk)
 
 

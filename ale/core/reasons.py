@@ -73,6 +73,8 @@ class Reason(enum.StrEnum):
     TASK_MISMATCH = "task_mismatch"
     IMAGE_MISMATCH = "image_mismatch"
     SCORE_MISMATCH = "score_mismatch"
+    # the upload's worker
+    WORKER_FAILED = "worker_failed"
     # notes on an accepted upload (why its level is not higher)
     NO_CHALLENGE = "no_challenge"
     UNOFFICIAL_EPISODES = "unofficial_episodes"
@@ -94,6 +96,7 @@ class Reason(enum.StrEnum):
     BAD_STATE = "bad_state"
     OAUTH_FAILED = "oauth_failed"
     DATABASE_UNAVAILABLE = "database_unavailable"
+    VERIFIER_BUSY = "verifier_busy"
     INTERNAL_ERROR = "internal_error"
 
 
@@ -220,6 +223,13 @@ REASONS: Mapping[Reason, ReasonInfo] = {
         _R,
         "the claimed scores, or their 95% intervals (docs/intervals.md), differ from the recomputed ones",
     ),
+    R.WORKER_FAILED: _info(
+        "1-13 worker",
+        _R,
+        "the worker process checking the upload died before it gave a verdict: it ran past its memory or CPU "
+        "time bound (`ALE_VERIFY_WORKER_MEMORY_BYTES`, `ALE_VERIFY_WORKER_CPU_S`) or was killed; the message says "
+        "which",
+    ),
     R.NO_CHALLENGE: _info("level", _N, "the run had no challenge: freshness cannot be proven (`self_reported`)"),
     R.UNOFFICIAL_EPISODES: _info("level", _N, "the run overrode the official episode counts (`self_reported`)"),
     R.UNJUDGED: _info(
@@ -264,6 +274,12 @@ REASONS: Mapping[Reason, ReasonInfo] = {
     R.OAUTH_FAILED: _info("API", _Q, "the OAuth provider refused or answered nonsense (HTTP 502)"),
     R.DATABASE_UNAVAILABLE: _info(
         "API", _Q, "the verifier's database cannot be reached or used now; try again later (HTTP 503)"
+    ),
+    R.VERIFIER_BUSY: _info(
+        "API",
+        _Q,
+        "the verifier holds as many uploads as it takes at once (`ALE_VERIFY_MAX_PENDING_UPLOADS`) or is "
+        "shutting down; send it again after `Retry-After` seconds (HTTP 503)",
     ),
     R.INTERNAL_ERROR: _info("API", _Q, "the verifier's own bug; the operator has the details in the log (HTTP 500)"),
 }

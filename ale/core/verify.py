@@ -165,8 +165,9 @@ def _model(document: Any, cls: type[T], name: str) -> T:
         raise VerificationError(Reason.SCHEMA_INVALID, str(exc)) from None
 
 
-def _events(raw: bytes, on_block: Callable[[bytes], None] | None = None) -> bytes:
-    """Decompress the trajectory (one zstd frame), refusing it as soon as it grows past its limit."""
+def decompress_events(raw: bytes, on_block: Callable[[bytes], None] | None = None) -> bytes:
+    """Decompress the trajectory (one zstd frame), refusing it as soon as it grows past its limit.
+    With ``on_block``, each block goes to it as it comes, and the result is empty."""
     try:
         return bundle.decompress(raw, bundle.Limits(max_decompressed=MAX_EVENTS_BYTES), on_block, keep=on_block is None)
     except bundle.BundleError as exc:
@@ -174,12 +175,14 @@ def _events(raw: bytes, on_block: Callable[[bytes], None] | None = None) -> byte
 
 
 def parse_documents(
-    files: Mapping[str, bytes], validate: Validator | None = None, on_events: Callable[[bytes], None] | None = None
+    files: Mapping[str, bytes], validate: Validator | None = None, events: Callable[[], bytes] | None = None
 ) -> Documents:
     """Step 2: every JSON file parses and claims no level; then each is canonical (RFC 8785 plus
     a newline), valid against its published JSON Schema (with ``validate(file_name, document)``)
-    and structured into its model. ``on_events`` takes the trajectory's blocks as they are
-    decompressed, instead of ``events`` (which is then empty; see :func:`check_chain`)."""
+    and structured into its model; then the trajectory is decompressed. ``events`` stands for
+    that last part: it gives what :func:`decompress_events` would (or raises what it would), e.g.
+    the result of a decompression that went elsewhere while the documents were checked (empty:
+    see :func:`check_chain`)."""
     names = sorted(n for n in files if n.endswith(".json"))
     parsed = {name: _parse(files, name) for name in names}
     for name in names:  # a level claim is named for what it is before any other fault of the documents
@@ -203,7 +206,7 @@ def parse_documents(
         network=models["network_summary.json"],
         artifacts=models["artifacts_manifest.json"],
         integrity=models["integrity.json"],
-        events=_events(files["events.jsonl.zst"], on_events),
+        events=decompress_events(files["events.jsonl.zst"]) if events is None else events(),
     )
 
 
@@ -219,10 +222,10 @@ def check_chain(
 ) -> ChainSummary:
     """Hash chains: every link, counter and hash of the trajectory, and the nonce in its first event.
 
-    ``reports`` is for a trajectory that went to ``parse_documents(on_events=...)``: it gives the
-    chunks' reports, checked elsewhere (by worker processes, in order), so that only the links
-    between them are checked here; or the whole stream, to check in one pass. The verdict is the
-    same either way.
+    ``reports`` is for a trajectory decompressed elsewhere (``parse_documents(events=...)``): it
+    gives the chunks' reports, checked elsewhere (by worker processes, in order), so that only the
+    links between them are checked here; or the whole stream, to check in one pass. The verdict is
+    the same either way.
     """
     try:
         checked = reports() if reports is not None else docs.events
@@ -519,7 +522,7 @@ def own_verdicts(docs: Documents) -> dict[str, bool | None]:
 def trajectory(docs: Documents, files: Mapping[str, bytes]) -> bytes:
     """The decompressed trajectory: the one step 2 kept, or decompressed again (when step 2 fed it
     to the chain workers instead)."""
-    return docs.events if docs.events else _events(files["events.jsonl.zst"])
+    return docs.events if docs.events else decompress_events(files["events.jsonl.zst"])
 
 
 def check_verdicts(

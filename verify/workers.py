@@ -1,0 +1,762 @@
+"""Upload workers: every upload's checks on a bounded pool of processes, so uploads use every core.
+
+The server process receives uploads, talks to the database and answers; steps 1 to 13 of each
+upload (:func:`ale_verify.pipeline.verify_upload`: decryption, decompression, the tar, the
+documents, the chain, the integrity root, the re-scoring) run on one of ``processes`` worker
+processes (docs/verifier.md, "Upload workers"). A worker asks the server for what needs the
+site's own records (:class:`ale_verify.pipeline.Site`: a challenge, a runner key), and offers its
+trajectory's chunks to the workers that are idle
+(:mod:`ale_verify.chain_workers`). The server stores the verdict (step 14) and deletes the upload's
+file (step 15).
+
+Bounds: :class:`Admission` refuses an upload (:class:`Busy`, HTTP 503 with ``Retry-After``) when
+``ALE_VERIFY_MAX_PENDING_UPLOADS`` uploads are already in the server (being received, waiting for a
+worker, or being checked); a worker's address space is capped (``RLIMIT_AS``) and each task it runs gets a
+CPU time budget (``RLIMIT_CPU``). A worker that dies (killed, past a bound) fails only the upload
+it was checking, which is stored as rejected with ``worker_failed`` and why; a chunk it was
+checking for another upload goes back to that upload's worker; a new worker takes its place.
+
+The pool is thread-based (a reader and a writer thread per worker, a small thread pool for the
+site's answers and the verdicts' storage), so it serves any event loop: callers wait on the
+:class:`concurrent.futures.Future` that :meth:`UploadPool.submit` returns. Workers are started
+with ``forkserver`` (never ``fork``: the server has threads).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import itertools
+import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import resource
+import signal
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ale.core.reasons import Reason
+from ale.core.trajectory import ChunkReport
+from ale.core.verify import RunnerKey
+from ale_verify import pipeline
+from ale_verify.chain_workers import CHUNK_BYTES, SharedChainJob, Span, check_span
+from ale_verify.config import Settings
+
+log = logging.getLogger(__name__)
+
+#: What a worker may ask of the server (pipeline.Site's methods).
+SITE_METHODS = frozenset({"challenge", "consume", "runner_key"})
+#: Seconds a refused client is told to wait (Retry-After).
+RETRY_AFTER_S = 5
+#: A worker that ran out of its memory bound exits with this status after saying so.
+EXIT_MEMORY = 3
+#: How long close() waits for the uploads being checked, then for each worker to exit.
+CLOSE_TIMEOUT_S = 30.0
+#: A worker's GIL switch interval (Python's default is 5 ms).
+SWITCH_INTERVAL_S = 0.001
+#: How often the watchdog looks for a worker that gives no sign of life.
+WATCH_EVERY_S = 1.0
+
+
+class Busy(Exception):
+    """The pool takes no more uploads now (every slot is taken, or it is shutting down)."""
+
+
+class WorkerBug(Exception):
+    """The pipeline raised something other than a verdict on a worker: the verifier's bug."""
+
+
+@attrs.frozen
+class WorkerLimits:
+    """What bounds a worker: its address space (bytes, 0: none), each task's CPU time (seconds,
+    0: none), and the size of the trajectory's chunks it shares."""
+
+    memory_bytes: int
+    cpu_s: int
+    chunk_bytes: int = CHUNK_BYTES
+
+
+# -- the worker process ---------------------------------------------------------------------------
+
+
+class _Aborted(BaseException):
+    """The server could not answer the worker (the database is unavailable, ...): the upload stops.
+    A BaseException, so that no ``except Exception`` of the pipeline takes it for a verdict."""
+
+
+class _Link:
+    """The worker's end of its pipe: tasks, the answers to its questions, its chunks' news."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._sending = threading.Lock()  # the pipeline's thread and the trajectory's decompression send
+        self.job: int | None = None  # the upload being checked here
+        self.chain: collections.deque[tuple[Any, ...]] = collections.deque()  # its chunks' messages
+        self.dropped = False
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._sending:
+            self.conn.send(message)
+
+    def _keep(self, message: tuple[Any, ...]) -> None:
+        """A message about the current upload's chunks (another one's are stale: dropped)."""
+        if message[0] in ("yours", "none", "report") and message[1] == self.job and not self.dropped:
+            self.chain.append(message)
+
+    def task(self) -> tuple[Any, ...]:
+        """The next task: ``upload``, ``check`` or ``stop``."""
+        while True:
+            message: tuple[Any, ...] = self.conn.recv()
+            if message[0] in ("upload", "check", "stop"):
+                return message
+            # anything else is about an upload that has ended here: dropped
+
+    def ask(self, method: str, *args: Any) -> Any:
+        """The server's answer to a question of the pipeline (pipeline.Site)."""
+        self.send(("ask", self.job, method, args))
+        while True:
+            message: tuple[Any, ...] = self.conn.recv()
+            if message[0] == "answer" and message[1] == self.job:
+                return message[2]
+            if message[0] == "abort" and message[1] == self.job:
+                raise _Aborted
+            self._keep(message)
+
+    def chain_message(self, wake: int | None = None) -> tuple[Any, ...] | None:
+        """The next message about this upload's chunks; None once ``wake`` is readable first."""
+        while True:
+            if self.chain:
+                return self.chain.popleft()
+            if wake is not None and self.conn not in multiprocessing.connection.wait([self.conn, wake]):
+                return None
+            message: tuple[Any, ...] = self.conn.recv()
+            if message[0] in ("yours", "none", "report") and message[1] == self.job:
+                return message
+
+
+@attrs.define
+class _RemoteSite:
+    """pipeline.Site on a worker: every question goes to the server, which answers with its LocalSite."""
+
+    link: _Link
+
+    def challenge(self, challenge_id: str) -> dict[str, Any] | None:
+        found: dict[str, Any] | None = self.link.ask("challenge", challenge_id)
+        return found
+
+    def consume(self, challenge_id: str, submission_id: str) -> bool:
+        return bool(self.link.ask("consume", challenge_id, submission_id))
+
+    def runner_key(self, key_id: str) -> RunnerKey | None:
+        found: RunnerKey | None = self.link.ask("runner_key", key_id)
+        return found
+
+
+@attrs.define
+class _PoolHelpers:
+    """chain_workers.Helpers on a worker: the idle workers, through the server."""
+
+    link: _Link
+    asked: bool = False
+
+    def offer(self, span: Span) -> None:
+        self.link.send(("chunk", self.link.job, span))
+
+    def drop(self) -> None:
+        self.link.dropped = True
+        self.link.chain.clear()
+        self.link.send(("drop", self.link.job))
+
+    def next(self, wake: int | None = None) -> Span | tuple[int, ChunkReport] | None:
+        if not self.asked:
+            self.link.send(("take", self.link.job))
+            self.asked = True
+        while True:
+            message = self.link.chain_message(wake)
+            if message is None:
+                return None
+            if message[0] == "yours":
+                self.asked = False
+                span: Span = message[2]
+                return span
+            if message[0] == "report":
+                report: ChunkReport = pickle.loads(message[3])  # our own worker's pickle
+                return message[2], report
+            # "none": no chunk of this upload is waiting; the others' reports will come
+
+
+def _bound_memory(limits: WorkerLimits) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a worker killed by a bound leaves no core file
+    if limits.memory_bytes > 0:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        soft = limits.memory_bytes if hard == resource.RLIM_INFINITY else min(hard, limits.memory_bytes)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def _budget_cpu(limits: WorkerLimits) -> None:
+    """The next task may use ``cpu_s`` more seconds of CPU; past them the kernel sends SIGXCPU,
+    whose default action ends the process (the server then says why)."""
+    if limits.cpu_s <= 0:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    soft = int(usage.ru_utime + usage.ru_stime) + limits.cpu_s + 1
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+
+
+def worker_main(conn: Connection, settings: Settings, signing_key: bytes, limits: WorkerLimits) -> None:
+    """A worker process: upload and chunk tasks from the server, until it says stop or goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at the server's terminal: the server stops us
+    # The trajectory's decompression thread takes the GIL back after every block while this one
+    # checks chunks: at Python's default 5 ms a turn it would wait more than it decompresses.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    _bound_memory(limits)
+    pipeline.warm()
+    link = _Link(conn)
+    link.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = link.task()
+        except (EOFError, OSError):  # the server is gone
+            return
+        if message[0] == "stop":
+            return
+        _budget_cpu(limits)
+        try:
+            if message[0] == "check":
+                _check(link, message[1], message[2])
+            else:
+                _upload(link, settings, signing_key, limits, message)
+        except MemoryError:
+            raise SystemExit(EXIT_MEMORY) from None
+
+
+def _check(link: _Link, job: int, span: Span) -> None:
+    try:
+        blob, error = pickle.dumps(check_span(span), protocol=pickle.HIGHEST_PROTOCOL), None
+    except MemoryError:
+        link.send(("checked", job, span.index, None, "MemoryError"))
+        raise
+    except Exception as exc:  # its owner checks it again itself; whatever this was, it is logged
+        blob, error = None, f"{type(exc).__name__}: {exc}"
+    link.send(("checked", job, span.index, blob, error))
+
+
+def _upload(
+    link: _Link, settings: Settings, signing_key: bytes, limits: WorkerLimits, message: tuple[Any, ...]
+) -> None:
+    _, job, path, user_id, submission_id, now = message
+    link.job, link.dropped = job, False
+    link.chain.clear()
+    try:
+        outcome = pipeline.verify_upload(
+            Path(path),
+            settings,
+            signing_key,
+            user_id=user_id,
+            submission_id=submission_id,
+            now=now,
+            site=_RemoteSite(link),
+            chain=SharedChainJob(_PoolHelpers(link), limits.chunk_bytes),
+        )
+    except _Aborted:
+        link.send(("aborted", job))
+    except MemoryError:
+        link.send(("memory", job))
+        raise
+    except Exception:  # the verifier's bug, never the uploader's: the server answers 500 and logs it
+        link.send(("bug", job, traceback.format_exc(limit=20)))
+    else:
+        link.send(("done", job, outcome))
+    finally:
+        link.job = None
+        link.chain.clear()
+
+
+# -- the server's side ----------------------------------------------------------------------------
+
+
+class Admission:
+    """At most ``limit`` uploads in the server at once, from before their body is read until their
+    verdict is stored (with or without workers). Thread-safe."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("the server takes at least 1 upload at a time")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._held = 0
+
+    def admit(self) -> Ticket:
+        """A place for one more upload, or :class:`Busy`."""
+        with self._lock:
+            if self._held >= self.limit:
+                raise Busy(f"the verifier holds {self.limit} uploads already (ALE_VERIFY_MAX_PENDING_UPLOADS)")
+            self._held += 1
+        return Ticket(self)
+
+    @property
+    def held(self) -> int:
+        with self._lock:
+            return self._held
+
+    def _release(self) -> None:
+        with self._lock:
+            self._held -= 1
+
+
+class Ticket:
+    """One upload's place among the admitted ones."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission: Admission | None = admission
+
+    def release(self) -> None:
+        """Give the place back (idempotent)."""
+        admission, self._admission = self._admission, None
+        if admission is not None:
+            admission._release()
+
+
+@attrs.define(eq=False)
+class _Job:
+    id: int
+    path: Path
+    user_id: str
+    submission_id: str
+    now: float
+    ticket: Ticket | None
+    future: Future[pipeline.Outcome] = attrs.field(factory=Future)
+    owner: _Worker | None = None
+    pending: collections.deque[Span] = attrs.field(factory=collections.deque)  # any worker may take
+    returned: collections.deque[Span] = attrs.field(factory=collections.deque)  # for its owner only
+    hungry: bool = False  # its owner waits for a chunk of its own
+    dropped: bool = False  # its owner checks the stream in one pass: chunks not needed
+    error: BaseException | None = None  # what the site's answer raised
+
+
+@attrs.define(eq=False)
+class _Worker:
+    slot: int
+    process: Any  # multiprocessing.Process (forkserver)
+    conn: Connection
+    outbox: queue.SimpleQueue[tuple[Any, ...] | None] = attrs.field(factory=queue.SimpleQueue)
+    state: str = "starting"  # starting | idle | upload | check | leaving | dead
+    pid: int | None = None
+    job: _Job | None = None  # the upload it checks
+    task: tuple[_Job, Span] | None = None  # the chunk it checks for another upload
+    heard: float = 0.0  # (monotonic) its last message, or the last one it was sent
+    asking: bool = False  # it waits for the server's answer
+    stalled: str | None = None  # why the watchdog killed it
+
+
+def _describe_exit(code: int | None, limits: WorkerLimits, stalled: str | None = None) -> str:
+    if stalled is not None:
+        return stalled
+    if code == -signal.SIGXCPU:
+        return f"it used more than its CPU time bound ({limits.cpu_s} s of CPU)"
+    if code == EXIT_MEMORY:
+        return f"it ran out of its memory bound ({limits.memory_bytes} bytes of address space)"
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (by the kernel's out-of-memory killer, or an operator)" if code == -signal.SIGKILL else ""
+        return f"it was killed by {name}{hint}"
+    return f"it exited with status {code}"
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as fh:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+    except OSError:
+        return ""
+    return digest.hexdigest()
+
+
+class UploadPool:
+    """``processes`` upload workers and the queue in front of them. Thread-safe; one per server."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        signing_key: bytes,
+        processes: int,
+        *,
+        chunk_bytes: int = CHUNK_BYTES,
+        stall_s: float | None = None,
+    ) -> None:
+        if processes < 1:
+            raise ValueError("an upload pool has at least 1 worker")
+        self.settings, self.processes = settings, processes
+        #: a worker checking something that sends nothing for this long (and waits for no answer
+        #: and no chunk) is stopped or stuck: killed. Default: twice its CPU budget and 30 s.
+        self.stall_s = stall_s if stall_s is not None else 2 * (settings.worker_cpu_s or 300) + 30
+        self.limits = WorkerLimits(settings.worker_memory_bytes, settings.worker_cpu_s, chunk_bytes)
+        self._signing_key = signing_key
+        self._site = pipeline.LocalSite(settings)
+        self._lock = threading.Lock()
+        self._settled = threading.Condition(self._lock)  # notified whenever an upload ends
+        self._queue: collections.deque[_Job] = collections.deque()
+        self._jobs: dict[int, _Job] = {}  # the uploads being checked, in the order they started
+        self._closed = False
+        self._ids = itertools.count(1)
+        self._failures = [0] * processes  # workers of each slot that died before they were ready
+        self._executor = ThreadPoolExecutor(2 * processes + 2, thread_name_prefix="ale-verify-site")
+        self._context = multiprocessing.get_context("forkserver")
+        self._context.set_forkserver_preload(["ale_verify.workers"])
+        self._workers: list[_Worker] = []
+        for slot in range(processes):
+            self._spawn(slot)
+        threading.Thread(target=self._watch, name="ale-verify-watchdog", daemon=True).start()
+
+    # -- what callers use
+
+    def submit(self, path: Path, *, user_id: str, now: float, ticket: Ticket | None = None) -> Future[pipeline.Outcome]:
+        """Check the uploaded file on a worker, store the verdict, delete the file (always) and
+        release ``ticket``.
+
+        The future is cancellable while the upload waits for a worker (nothing was done: the
+        file is deleted, nothing stored); once a worker has it, the upload runs to its stored
+        verdict whatever the caller does."""
+        job = _Job(next(self._ids), path, user_id, pipeline.new_submission_id(), now, ticket)
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._queue.append(job)
+                self._dispatch()
+        if closed:
+            job.future.set_running_or_notify_cancel()
+            self._settle(job, Busy("the verifier is shutting down"))
+        return job.future
+
+    def pids(self) -> list[int]:
+        """The workers' process ids (the ready ones)."""
+        with self._lock:
+            return [w.pid for w in self._workers if w.pid is not None and w.state != "dead"]
+
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
+        """Refuse new uploads, fail the queued ones (Busy), let the ones being checked finish
+        (up to ``timeout``), then stop every worker."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            queued = list(self._queue)
+            self._queue.clear()
+        for job in queued:
+            if job.future.set_running_or_notify_cancel():
+                self._settle(job, Busy("the verifier is shutting down"))
+            else:
+                self._discard(job)
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._jobs and (left := deadline - time.monotonic()) > 0:
+                self._settled.wait(left)
+            workers = list(self._workers)
+            for w in workers:
+                w.state = "leaving" if w.state != "dead" else w.state
+                w.outbox.put(("stop",))
+                w.outbox.put(None)
+        for w in workers:
+            w.process.join(max(0.1, deadline - time.monotonic()))
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(5)
+        self._executor.shutdown(wait=True)
+
+    # -- workers
+
+    def _spawn(self, slot: int) -> None:
+        """Start the worker of ``slot`` (a new one in a dead one's place) and its two threads."""
+        parent, child = self._context.Pipe(duplex=True)
+        process = self._context.Process(
+            target=worker_main,
+            args=(child, self.settings, self._signing_key, self.limits),
+            name=f"ale-verify-worker-{slot}",
+            daemon=True,
+        )
+        process.start()
+        child.close()
+        worker = _Worker(slot, process, parent)
+        with self._lock:
+            if slot < len(self._workers):
+                self._workers[slot] = worker
+            else:
+                self._workers.append(worker)
+            if self._closed:
+                worker.state = "leaving"
+                worker.outbox.put(("stop",))
+                worker.outbox.put(None)
+        threading.Thread(target=self._write, args=(worker,), name=f"ale-verify-w{slot}-out", daemon=True).start()
+        threading.Thread(target=self._read, args=(worker,), name=f"ale-verify-w{slot}-in", daemon=True).start()
+
+    def _later(self, fn: Any, *args: Any) -> None:
+        """Run ``fn`` in the site's thread pool (on a thread of its own once that is shut down)."""
+        try:
+            self._executor.submit(fn, *args)
+        except RuntimeError:
+            threading.Thread(target=fn, args=args, name="ale-verify-late", daemon=True).start()
+
+    def _write(self, w: _Worker) -> None:
+        while (message := w.outbox.get()) is not None:
+            try:
+                w.conn.send(message)
+            except (OSError, ValueError):  # it died: the reader says so
+                return
+
+    def _read(self, w: _Worker) -> None:
+        while True:
+            try:
+                message = w.conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:  # a message that does not unpickle: this worker is not to be trusted
+                log.exception("an upload worker sent garbage; replacing it")
+                w.process.kill()
+                break
+            try:
+                self._handle(w, message)
+            except Exception:  # our bug: logged, the worker replaced, its upload failed
+                log.exception("handling a message from an upload worker failed")
+                w.process.kill()
+                break
+        self._gone(w)
+
+    def _gone(self, w: _Worker) -> None:
+        """The worker's pipe closed: it exited or died. Its upload fails, its chunk goes back."""
+        w.process.join(10)
+        if w.process.is_alive():  # it closed its pipe but lives on: not ours to trust any more
+            w.process.kill()
+            w.process.join(10)
+        code = w.process.exitcode
+        w.conn.close()
+        with self._lock:
+            state, job, task, stalled = w.state, w.job, w.task, w.stalled
+            w.state, w.job, w.task = "dead", None, None
+            w.outbox.put(None)
+            if job is not None:
+                self._jobs.pop(job.id, None)
+            if task is not None and task[0].id in self._jobs:
+                self._give_back(task[0], task[1])
+            replace = not self._closed
+            if state == "starting":
+                self._failures[w.slot] += 1
+            failures = self._failures[w.slot]
+        why = _describe_exit(code, self.limits, stalled)
+        if state != "leaving":
+            log.error("upload worker %s (pid %s) died: %s", w.slot, w.pid, why)
+        if job is not None:
+            self._later(self._fail, job, why)
+        if replace:
+            if state == "starting":  # it died before it was ready: do not spin
+                time.sleep(min(30.0, 0.25 * 2**failures))
+            self._spawn(w.slot)
+
+    def _watch(self) -> None:
+        """Kill a worker that checks something and gives no sign of life for ``stall_s``: stopped
+        (SIGSTOP) or stuck outside its CPU budget. Its upload fails, or its chunk goes back."""
+        while True:
+            time.sleep(WATCH_EVERY_S)
+            now = time.monotonic()
+            with self._lock:
+                if self._closed:
+                    return
+                stuck = [
+                    w
+                    for w in self._workers
+                    if w.state in ("upload", "check")
+                    and not w.asking
+                    and not (w.job is not None and w.job.hungry)
+                    and now - w.heard > self.stall_s
+                    and w.stalled is None
+                ]
+                for w in stuck:
+                    w.stalled = f"it gave no sign of life for {self.stall_s:.0f} s (stopped or stuck)"
+            for w in stuck:
+                log.error("upload worker %s (pid %s) %s: killing it", w.slot, w.pid, w.stalled)
+                w.process.kill()
+
+    def _handle(self, w: _Worker, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        with self._lock:
+            w.heard = time.monotonic()
+            if kind == "ready":
+                w.pid, w.state = message[1], "idle" if w.state == "starting" else w.state
+                self._failures[w.slot] = 0
+            elif kind == "ask":
+                self._ask(w, message[1], message[2], message[3])
+            elif kind in ("done", "bug", "aborted", "memory"):
+                self._ended(w, kind, message)
+            elif kind == "chunk":
+                job = self._jobs.get(message[1])
+                if job is not None and not job.dropped:
+                    job.pending.append(message[2])
+            elif kind == "take":
+                self._take(w, message[1])
+            elif kind == "drop":
+                job = self._jobs.get(message[1])
+                if job is not None:
+                    job.dropped = True
+                    job.pending.clear()
+                    job.returned.clear()
+            elif kind == "checked":
+                self._checked(w, *message[1:])
+            else:
+                raise ValueError(f"an upload worker sent an unknown message {kind!r}")
+            self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Give every idle worker a chunk of an upload being checked, or else the next upload."""
+        for w in self._workers:
+            if w.state != "idle":
+                continue
+            chunk = next(((job, job.pending.popleft()) for job in self._jobs.values() if job.pending), None)
+            if chunk is not None:
+                w.state, w.task, w.heard = "check", chunk, time.monotonic()
+                w.outbox.put(("check", chunk[0].id, chunk[1]))
+                continue
+            job = self._next_upload()
+            if job is None:
+                break
+            w.state, w.job, job.owner, w.heard = "upload", job, w, time.monotonic()
+            self._jobs[job.id] = job
+            w.outbox.put(("upload", job.id, str(job.path), job.user_id, job.submission_id, job.now))
+        for job in self._jobs.values():  # an upload's own worker that waits for one of its chunks
+            queue = job.returned or job.pending
+            if job.hungry and job.owner is not None and queue:
+                self._hand_back(job, queue.popleft())
+
+    def _next_upload(self) -> _Job | None:
+        while self._queue:
+            job = self._queue.popleft()
+            if job.future.set_running_or_notify_cancel():
+                return job
+            self._later(self._discard, job)  # its client went away while it waited
+        return None
+
+    def _ask(self, w: _Worker, job_id: int, method: str, args: tuple[Any, ...]) -> None:
+        job = self._jobs.get(job_id)
+        if job is None or w.job is not job:
+            raise ValueError("an upload worker asked about an upload it is not checking")
+        if method not in SITE_METHODS:
+            raise ValueError(f"an upload worker asked for {method!r}")
+        w.asking = True
+        self._later(self._answer, w, job, method, args)
+
+    def _answer(self, w: _Worker, job: _Job, method: str, args: tuple[Any, ...]) -> None:
+        """In the site's thread pool: the database, as in-process (pipeline.LocalSite)."""
+        try:
+            value = getattr(self._site, method)(*args)
+        except BaseException as exc:  # e.g. db.Unavailable: the upload stops, the client is told
+            job.error = exc
+            reply: tuple[Any, ...] = ("abort", job.id)
+        else:
+            reply = ("answer", job.id, value)
+        with self._lock:
+            w.asking, w.heard = False, time.monotonic()
+        w.outbox.put(reply)
+
+    def _ended(self, w: _Worker, kind: str, message: tuple[Any, ...]) -> None:
+        job = self._jobs.pop(message[1], None)
+        if job is None or w.job is not job:
+            raise ValueError("an upload worker ended an upload it was not checking")
+        w.job, w.state = None, "leaving" if kind == "memory" else "idle"
+        if kind == "done":
+            self._later(self._settle, job, message[2])
+        elif kind == "memory":
+            self._later(self._fail, job, _describe_exit(EXIT_MEMORY, self.limits))
+        elif kind == "aborted":
+            self._later(self._settle, job, job.error or WorkerBug("the upload was aborted"))
+        else:
+            log.error("upload worker %s failed on an upload (the verifier's bug):\n%s", w.slot, message[2])
+            self._later(self._settle, job, WorkerBug("an upload worker raised; see the log"))
+
+    def _take(self, w: _Worker, job_id: int) -> None:
+        job = self._jobs.get(job_id)
+        if job is None or w.job is not job:
+            return
+        queue = job.returned or job.pending
+        if queue:
+            w.outbox.put(("yours", job.id, queue.popleft()))
+        else:
+            job.hungry = True
+            w.outbox.put(("none", job.id))
+
+    def _checked(self, w: _Worker, job_id: int, index: int, blob: bytes | None, error: str | None) -> None:
+        task = w.task
+        if task is None or task[0].id != job_id or task[1].index != index:
+            raise ValueError("an upload worker reported a chunk it was not checking")
+        w.task = None
+        w.state = "leaving" if error == "MemoryError" else "idle"
+        job = self._jobs.get(job_id)
+        if job is None or job.dropped or job.owner is None:
+            return
+        if blob is not None:
+            job.owner.outbox.put(("report", job.id, index, blob))
+            return
+        log.warning("a chunk of upload %s goes back to its worker: %s", job.submission_id, error)
+        self._give_back(job, task[1])
+
+    def _give_back(self, job: _Job, span: Span) -> None:
+        """A chunk another worker failed to check: its upload's own worker checks it."""
+        if job.dropped or job.owner is None:
+            return
+        if job.hungry:
+            self._hand_back(job, span)
+        else:
+            job.returned.append(span)
+
+    def _hand_back(self, job: _Job, span: Span) -> None:
+        """A chunk for the upload's own worker, which waits for one."""
+        assert job.owner is not None
+        job.hungry = False
+        job.owner.heard = time.monotonic()
+        job.owner.outbox.put(("yours", job.id, span))
+
+    # -- the end of an upload (in the site's thread pool)
+
+    def _fail(self, job: _Job, why: str) -> None:
+        message = f"the worker process checking this upload died before it gave a verdict: {why}"
+        self._settle(job, pipeline.rejected(job.submission_id, Reason.WORKER_FAILED, message, _file_sha256(job.path)))
+
+    def _settle(self, job: _Job, result: pipeline.Outcome | BaseException) -> None:
+        """Store the verdict (step 14), delete the file (15), free the place, then wake the caller."""
+        error: BaseException | None = None
+        try:
+            if isinstance(result, BaseException):
+                error = result
+            else:
+                pipeline.record(result, job.path, self.settings, user_id=job.user_id, now=job.now)
+        except BaseException as exc:
+            error = exc
+        finally:
+            self._discard(job)
+        if error is not None:
+            job.future.set_exception(error)
+        else:
+            assert isinstance(result, pipeline.Outcome)
+            job.future.set_result(result)
+        with self._lock:
+            self._settled.notify_all()
+
+    def _discard(self, job: _Job) -> None:
+        job.path.unlink(missing_ok=True)
+        if job.ticket is not None:
+            job.ticket.release()
