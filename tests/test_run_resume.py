@@ -27,7 +27,7 @@ import trio
 from test_harness_faults import CARTPOLE, PENDULUM, _ale, _options
 from test_run_endings import FAST, FlakyEvaluators
 
-from ale.runner import bundle_writer, state
+from ale.runner import agent_env, bundle_writer, state
 from ale.runner.harness import Harness, RunError, RunRecord
 from ale.runner.inspect import offline_check
 from ale.runner.local import LocalRuntime
@@ -361,3 +361,55 @@ def _cwd(base: Path) -> Iterator[None]:
     os.chdir(base)  # the kept .incomplete.jsonl trajectories of failed runs land here
     yield
     os.chdir(here)
+
+
+def test_sigterm_with_two_tasks_side_by_side_keeps_both_windows_each_cancelled(base: Path) -> None:
+    """Interrupted while both tasks' agents run: no bundle, the state folder kept, and the kept
+    trajectory holds both windows in task order, each ended early as cancelled in its agent phase."""
+    out, cwd, tmp = base / "out", base / "cwd", base / "tmp"
+    for d in (cwd, tmp):
+        d.mkdir()
+    marker = f"ale-both-{secrets.token_hex(4)}"
+    agent = f"{agent_env.PYTHON} -c \"print('{marker}', flush=True); import time; time.sleep(600)\""
+    env = {k: v for k, v in os.environ.items() if k not in ("ALE_RECIPIENT", "CI")} | {"TMPDIR": str(tmp)}
+    argv = [sys.executable, "-m", "ale.runner.cli", "run", *TASKS, "--jobs", "2", "--plain", "--out", str(out)]
+    proc = subprocess.Popen([*argv, "--agent-cmd", agent], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while _agents_with(marker) < 2:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the two agents never ran at once"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert "ale run --resume" in err
+    (kept,) = cwd.glob("*.incomplete.jsonl")
+    events = [json.loads(line) for line in kept.read_bytes().splitlines()]
+    ended = [
+        (e["data"]["task"], e["data"]["phase"], e["data"]["category"])
+        for e in events
+        if e["kind"] == "task_ended_early"
+    ]
+    assert ended == [(f"{t}@1.0.0", "agent", "cancelled") for t in TASKS]
+    assert events[-1]["kind"] == "run_interrupted"
+    assert events[-1]["data"]["completed_tasks"] == 0
+    assert [p.suffix for p in out.iterdir()] == [".state"]
+
+
+def _agents_with(marker: str) -> int:
+    """How many sandboxed agents print ``marker`` (processes that are the agent's own Python)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            count += argv[0] == agent_env.PYTHON.encode() and any(marker.encode() in a for a in argv)
+    return count
