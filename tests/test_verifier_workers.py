@@ -26,12 +26,12 @@ from test_verifier_pipeline import CONTAINER_CASES, DOCUMENT_CASES
 from trajectory_helpers import RunBuilder
 
 from ale.core import bundle
-from ale.core.trajectory import ChainError, ChunkReport, link_chunks, verify_chain
+from ale.core.trajectory import ChainError, link_chunks, verify_chain
 from ale.core.verify import VerificationError
 from ale_verify import db
 from ale_verify._web import STATE_KEY
 from ale_verify.app import close as close_app
-from ale_verify.chain_workers import SharedChainJob, Span, check_span
+from ale_verify.chain_workers import News, SharedChainJob, Span, check_span
 from ale_verify.cli import build_parser
 from ale_verify.config import Settings
 from ale_verify.pipeline import LocalSite, Outcome, process_upload
@@ -80,29 +80,41 @@ CHAIN_CASES = {
 
 @attrs.define
 class FakeHelpers:
-    """Other workers, in this process: each offered chunk is checked by "another worker" (read
-    back through /proc/self/fd), handed back to its owner, or failed and then handed back; the
-    news come back in any order. Offers may come from the decompression thread."""
+    """Other workers, in this process: each offered chunk is left to its owner, or taken by
+    "another worker" that checks it (read back through /proc/self/fd), or taken and then failed
+    (back to the owner); the news arrive in order but in random batches, and a claim may come too
+    late (the chunk was taken meanwhile: checked twice, one report kept). Offers may come from the
+    decompression thread."""
 
     rng: random.Random
     offered: list[Span] = attrs.Factory(list)
-    news: list[Span | tuple[int, ChunkReport]] = attrs.Factory(list)
+    news_: list[News] = attrs.Factory(list)
+    claimed: list[int] = attrs.Factory(list)
     dropped: bool = False
     lock: threading.Lock = attrs.Factory(threading.Lock)
 
     def offer(self, span: Span) -> None:
         with self.lock:
             self.offered.append(span)
-            fate = self.rng.choice(["helped", "yours", "failed"])
-            self.news.append((span.index, check_span(span)) if fate == "helped" else span)
+            fate = self.rng.choice(["owner", "helped", "failed"])
+            if fate == "helped":
+                self.news_ += [("taken", span.index), ("report", (span.index, check_span(span)))]
+            elif fate == "failed":
+                self.news_ += [("taken", span.index), ("back", span.index)]
 
-    def next(self, wake: int | None = None) -> Span | tuple[int, ChunkReport] | None:
+    def claim(self, index: int) -> None:
+        self.claimed.append(index)
+
+    def news(self, *, wait: bool, wake: int | None = None) -> list[News]:
         while True:
             with self.lock:
-                if self.news:
-                    return self.news.pop(self.rng.randrange(len(self.news)))
+                if self.news_ or not wait:
+                    cut = self.rng.randint(0, len(self.news_))
+                    out, self.news_ = self.news_[:cut], self.news_[cut:]
+                    if out or not wait:
+                        return out
             if wake is not None and select.select([wake], [], [], 0.001)[0]:
-                return None
+                return []
 
     def drop(self) -> None:
         self.dropped = True

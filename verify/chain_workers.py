@@ -1,14 +1,17 @@
 """The trajectory's chain checked on every upload worker, while it is still decompressed.
 
 Checking a trajectory is CPU-bound Python (parse, canonical form, SHA-256 of every line), and one
-process uses one core. On an upload worker (:mod:`ale_verify.workers`), step 7 decompresses
-``events.jsonl.zst`` into a :class:`SharedChainJob`: the stream goes into an anonymous in-memory
-file (``memfd_create``: no path, never on disk, freed when closed) and is cut at newlines into
-chunks of about ``chunk_bytes``. Each chunk (a :class:`Span`: where it lies in the memory file) is
-offered to the pool at once: the server hands it to an idle worker, which reads it through
-``/proc/<pid>/fd`` (:func:`check_span`, no copy through a pipe) and checks it with
-:func:`ale.core.trajectory.check_chunk`. Step 9 checks itself every chunk no other worker took
-(all of them when every worker is busy), waits for the others' reports and links them
+process uses one core. On an upload worker (:mod:`ale_verify.workers`), step 7 starts the
+decompression of ``events.jsonl.zst`` on a thread of a :class:`SharedChainJob` (zstd releases the
+GIL) while it checks the JSON documents: the stream goes into an anonymous in-memory file
+(``memfd_create``: no path, never on disk, freed when closed) and is cut at newlines into chunks of
+about ``chunk_bytes``. Each chunk (a :class:`Span`: where it lies in the memory file) is offered to
+the pool at once: the server hands it to an idle worker, which reads it through ``/proc/<pid>/fd``
+(:func:`check_span`, no copy through a pipe) and checks it with
+:func:`ale.core.trajectory.check_chunk`, and tells the upload's worker that it took it. The
+upload's own worker checks, in order, every chunk no other worker took (all of them when every
+worker is busy), claiming each first so that the server hands it to no one else; it never waits
+for a permission, only, at the end, for the other workers' reports. Step 9 links the reports
 (:func:`ale.core.trajectory.link_chunks`: the checks across chunk borders, then the grammar). The
 verdict is exactly that of one pass over the whole stream (a property the core's tests check for
 every way of cutting it); only the timing changes.
@@ -21,9 +24,11 @@ read failed) comes back to the owner, who checks it itself.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 import attrs
@@ -65,15 +70,23 @@ def check_span(span: Span) -> ChunkReport:
     return check_chunk(chunk, span.first_line)
 
 
+#: What the owner hears about its chunks: ("taken", index) another worker checks it;
+#: ("report", (index, report)) its report; ("back", index) it failed to: check it here.
+News = tuple[str, object]
+
+
 class Helpers(Protocol):
-    """The owner's side of the pool (ale_verify.workers): offer chunks, get them back or their reports."""
+    """The owner's side of the pool (ale_verify.workers)."""
 
     def offer(self, span: Span) -> None:
         """A chunk any idle worker may check (returns at once)."""
 
-    def next(self, wake: int | None = None) -> Span | tuple[int, ChunkReport] | None:
-        """A chunk of this job to check here (no other worker took it, or one failed to), or
-        another worker's report (index, report); None as soon as ``wake`` (a descriptor) is readable."""
+    def claim(self, index: int) -> None:
+        """This worker checks that chunk: it is handed to no other (returns at once)."""
+
+    def news(self, *, wait: bool, wake: int | None = None) -> list[News]:
+        """What came about this job's chunks; with ``wait``, block until something does or
+        ``wake`` (a descriptor) is readable."""
 
     def drop(self) -> None:
         """The chunks offered are not needed any more (the stream is checked in one pass)."""
@@ -85,11 +98,7 @@ class _Stopped(Exception):
 
 class SharedChainJob:
     """One trajectory: :meth:`start` its decompression (or :meth:`feed` it the decompressed blocks
-    in order), then ask for :meth:`reports`.
-
-    :meth:`start` decompresses on a thread of its own (zstd releases the GIL), so that this
-    worker checks chunks (:meth:`decompressed`) while the rest of its trajectory is decompressed.
-    """
+    in order), then ask for :meth:`reports`."""
 
     def __init__(self, helpers: Helpers, chunk_bytes: int = CHUNK_BYTES) -> None:
         self._helpers = helpers
@@ -99,58 +108,36 @@ class SharedChainJob:
         self._size = 0  # bytes written
         self._cut = 0  # where the next chunk starts
         self._last_newline = -1  # offset of the last newline written
-        self._spans: list[Span] = []  # (written by whoever feeds: the decompression thread)
+        self._spans: list[Span] = []  # appended by whoever feeds (the decompression thread)
         self._done: dict[int, ChunkReport] = {}
+        self._taken: set[int] = set()  # chunks another worker checks
+        self._next = 0  # the first chunk this worker may not have looked at yet
+        self._signal = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a new chunk, or the decompression's end
         self._thread: threading.Thread | None = None
-        self._wake: tuple[int, int] | None = None  # a pipe the decompression thread writes to when it ends
+        self._ended = False
         self._error: BaseException | None = None
         self._stop = False
 
-    def _span(self, end: int) -> Span:
-        assert self._fd is not None
-        first_line = 1 if not self._spans else None  # later chunks learn their place when linked
-        span = Span(len(self._spans), os.getpid(), self._fd, self._name, self._cut, end - self._cut, first_line)
-        self._spans.append(span)
-        self._cut = end
-        return span
+    # -- the stream
 
     def start(self, compressed: bytes) -> None:
         """Decompress ``events.jsonl.zst`` (:func:`ale.core.verify.decompress_events`) into this
         job on a thread; :meth:`decompressed` waits for it."""
-        self._wake = os.pipe()
         self._thread = threading.Thread(target=self._decompress, args=(compressed,), name="ale-events", daemon=True)
         self._thread.start()
 
     def _decompress(self, compressed: bytes) -> None:
-        assert self._wake is not None
         try:
             decompress_events(compressed, self.feed)
         except BaseException as exc:  # raised again by decompressed(), in the pipeline's order
             self._error = exc
         finally:
-            os.write(self._wake[1], b".")
+            self._ended = True
+            self._poke()
 
-    def decompressed(self) -> bytes:
-        """Wait for :meth:`start`'s decompression, checking this job's chunks meanwhile; then what
-        :func:`~ale.core.verify.decompress_events` gives when it feeds (empty), or its error."""
-        if self._thread is None or self._wake is None:
-            raise RuntimeError("the job's decompression was not started")
-        while self._thread.is_alive():
-            got = self._helpers.next(self._wake[0])
-            if got is None:
-                break
-            self._take(got)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return b""
-
-    def _take(self, got: Span | tuple[int, ChunkReport]) -> None:
-        if isinstance(got, Span):
-            if got.index not in self._done:
-                self._done[got.index] = self._check_here(got)
-        else:
-            self._done.setdefault(*got)
+    def _poke(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._signal[1], b".")
 
     def feed(self, block: bytes) -> None:
         """The next decompressed block; complete lines are offered once a chunk is full."""
@@ -170,7 +157,42 @@ class SharedChainJob:
             # the chunk ends at the first newline that makes it chunk_bytes long: in this block,
             # since the blocks before had none past the last cut's reach
             end = base + block.find(b"\n", max(0, self._cut + self._chunk_bytes - 1 - base)) + 1
-            self._helpers.offer(self._span(end))
+            self._add(end)
+
+    def _add(self, end: int) -> None:
+        assert self._fd is not None
+        first_line = 1 if not self._spans else None  # later chunks learn their place when linked
+        span = Span(len(self._spans), os.getpid(), self._fd, self._name, self._cut, end - self._cut, first_line)
+        self._cut = end
+        self._spans.append(span)
+        self._helpers.offer(span)
+        self._poke()
+
+    def stream(self) -> bytes:
+        """The whole trajectory as fed (for the one pass, and the judge inputs of step 12)."""
+        if self._fd is None:
+            raise RuntimeError("the job was cancelled")
+        return self._read(0, self._size)
+
+    def _read(self, offset: int, length: int) -> bytes:
+        assert self._fd is not None
+        data = os.pread(self._fd, length, offset) if length else b""
+        if len(data) != length:
+            raise OSError(f"read {len(data)} of {length} bytes back from the trajectory's memory file")
+        return data
+
+    # -- the chunks
+
+    def decompressed(self) -> bytes:
+        """Wait for :meth:`start`'s decompression, checking chunks meanwhile; then what
+        :func:`~ale.core.verify.decompress_events` gives when it feeds (empty), or its error."""
+        if self._thread is None:
+            raise RuntimeError("the job's decompression was not started")
+        self._work(until=lambda: self._ended)
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return b""
 
     def reports(self) -> list[ChunkReport] | bytes:
         """The chunks' reports in stream order, or the whole stream: check it in one pass instead."""
@@ -182,39 +204,58 @@ class SharedChainJob:
             self._helpers.drop()
             return self.stream()
         if self._size > self._cut:
-            self._helpers.offer(self._span(self._size))
-        while len(self._done) < len(self._spans):
-            got = self._helpers.next()
-            assert got is not None
-            self._take(got)
+            self._add(self._size)
+        self._work(until=lambda: len(self._done) == len(self._spans))
         return [self._done[i] for i in range(len(self._spans))]
 
-    def _check_here(self, span: Span) -> ChunkReport:
-        assert self._fd is not None
-        return check_chunk(self._read(span.offset, span.length), span.first_line)
+    def _work(self, until: Callable[[], bool]) -> None:
+        """Check every chunk no other worker took, in order; take in the news; until ``until()``."""
+        while not until():
+            self._hear(self._helpers.news(wait=False))
+            index = self._free()
+            if index is not None:
+                self._helpers.claim(index)
+                span = self._spans[index]
+                self._done.setdefault(index, check_chunk(self._read(span.offset, span.length), span.first_line))
+                continue
+            if until():
+                return
+            self._hear(self._helpers.news(wait=True, wake=self._signal[0]))
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._signal[0], 4096)
 
-    def _read(self, offset: int, length: int) -> bytes:
-        assert self._fd is not None
-        data = os.pread(self._fd, length, offset) if length else b""
-        if len(data) != length:
-            raise OSError(f"read {len(data)} of {length} bytes back from the trajectory's memory file")
-        return data
+    def _free(self) -> int | None:
+        """The first chunk neither checked here nor taken by another worker."""
+        count = len(self._spans)
+        while self._next < count and self._next in self._done:
+            self._next += 1
+        for index in range(self._next, count):
+            if index not in self._done and index not in self._taken:
+                return index
+        return None
 
-    def stream(self) -> bytes:
-        """The whole trajectory as fed (for the one pass, and the judge inputs of step 12)."""
-        if self._fd is None:
-            raise RuntimeError("the job was cancelled")
-        return self._read(0, self._size)
+    def _hear(self, news: list[News]) -> None:
+        for kind, what in news:
+            if kind == "taken":
+                assert isinstance(what, int)
+                self._taken.add(what)
+            elif kind == "back":
+                assert isinstance(what, int)
+                self._taken.discard(what)
+            else:
+                assert isinstance(what, tuple)
+                done: tuple[int, ChunkReport] = what
+                self._done.setdefault(*done)
 
     def cancel(self) -> None:
         """End the job: its decompression stopped, the in-memory file freed (idempotent)."""
         self._stop = True
         if self._thread is not None:
             self._thread.join()
-        if self._wake is not None:
-            for fd in self._wake:
+        if self._signal[0] >= 0:
+            for fd in self._signal:
                 os.close(fd)
-            self._wake = None
+            self._signal = (-1, -1)
         if self._fd is not None:
             # A worker still reading holds its own descriptor; the memory goes with the last one.
             os.close(self._fd)

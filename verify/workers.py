@@ -50,11 +50,13 @@ from ale.core.reasons import Reason
 from ale.core.trajectory import ChunkReport
 from ale.core.verify import RunnerKey
 from ale_verify import pipeline
-from ale_verify.chain_workers import CHUNK_BYTES, SharedChainJob, Span, check_span
+from ale_verify.chain_workers import CHUNK_BYTES, News, SharedChainJob, Span, check_span
 from ale_verify.config import Settings
 
 log = logging.getLogger(__name__)
 
+#: What the server tells an upload's worker about its chunks (chain_workers.News).
+CHAIN_NEWS = ("taken", "report", "back")
 #: What a worker may ask of the server (pipeline.Site's methods).
 SITE_METHODS = frozenset({"challenge", "consume", "runner_key"})
 #: Seconds a refused client is told to wait (Retry-After).
@@ -111,7 +113,7 @@ class _Link:
 
     def _keep(self, message: tuple[Any, ...]) -> None:
         """A message about the current upload's chunks (another one's are stale: dropped)."""
-        if message[0] in ("yours", "none", "report") and message[1] == self.job and not self.dropped:
+        if message[0] in CHAIN_NEWS and message[1] == self.job and not self.dropped:
             self.chain.append(message)
 
     def task(self) -> tuple[Any, ...]:
@@ -133,16 +135,19 @@ class _Link:
                 raise _Aborted
             self._keep(message)
 
-    def chain_message(self, wake: int | None = None) -> tuple[Any, ...] | None:
-        """The next message about this upload's chunks; None once ``wake`` is readable first."""
+    def chain_news(self, *, wait: bool, wake: int | None = None) -> list[tuple[Any, ...]]:
+        """The messages about this upload's chunks that came; with ``wait``, at least one unless
+        ``wake`` is readable first."""
         while True:
-            if self.chain:
-                return self.chain.popleft()
-            if wake is not None and self.conn not in multiprocessing.connection.wait([self.conn, wake]):
-                return None
-            message: tuple[Any, ...] = self.conn.recv()
-            if message[0] in ("yours", "none", "report") and message[1] == self.job:
-                return message
+            while self.conn.poll(0):
+                self._keep(self.conn.recv())
+            if self.chain or not wait:
+                news = list(self.chain)
+                self.chain.clear()
+                return news
+            ready = multiprocessing.connection.wait([self.conn] if wake is None else [self.conn, wake])
+            if self.conn not in ready:
+                return []
 
 
 @attrs.define
@@ -168,32 +173,27 @@ class _PoolHelpers:
     """chain_workers.Helpers on a worker: the idle workers, through the server."""
 
     link: _Link
-    asked: bool = False
 
     def offer(self, span: Span) -> None:
         self.link.send(("chunk", self.link.job, span))
+
+    def claim(self, index: int) -> None:
+        self.link.send(("mine", self.link.job, index))
 
     def drop(self) -> None:
         self.link.dropped = True
         self.link.chain.clear()
         self.link.send(("drop", self.link.job))
 
-    def next(self, wake: int | None = None) -> Span | tuple[int, ChunkReport] | None:
-        if not self.asked:
-            self.link.send(("take", self.link.job))
-            self.asked = True
-        while True:
-            message = self.link.chain_message(wake)
-            if message is None:
-                return None
-            if message[0] == "yours":
-                self.asked = False
-                span: Span = message[2]
-                return span
+    def news(self, *, wait: bool, wake: int | None = None) -> list[News]:
+        out: list[News] = []
+        for message in self.link.chain_news(wait=wait, wake=wake):
             if message[0] == "report":
                 report: ChunkReport = pickle.loads(message[3])  # our own worker's pickle
-                return message[2], report
-            # "none": no chunk of this upload is waiting; the others' reports will come
+                out.append(("report", (message[2], report)))
+            else:
+                out.append((message[0], message[2]))
+        return out
 
 
 def _bound_memory(limits: WorkerLimits) -> None:
@@ -341,9 +341,8 @@ class _Job:
     ticket: Ticket | None
     future: Future[pipeline.Outcome] = attrs.field(factory=Future)
     owner: _Worker | None = None
-    pending: collections.deque[Span] = attrs.field(factory=collections.deque)  # any worker may take
-    returned: collections.deque[Span] = attrs.field(factory=collections.deque)  # for its owner only
-    hungry: bool = False  # its owner waits for a chunk of its own
+    pending: collections.deque[Span] = attrs.field(factory=collections.deque)  # offered, not yet taken
+    helping: dict[int, _Worker] = attrs.Factory(dict)  # chunks other workers check, by index
     dropped: bool = False  # its owner checks the stream in one pass: chunks not needed
     error: BaseException | None = None  # what the site's answer raised
 
@@ -583,7 +582,7 @@ class UploadPool:
                     for w in self._workers
                     if w.state in ("upload", "check")
                     and not w.asking
-                    and not (w.job is not None and w.job.hungry)
+                    and not (w.job is not None and w.job.helping)  # it may wait for their reports
                     and now - w.heard > self.stall_s
                     and w.stalled is None
                 ]
@@ -604,23 +603,26 @@ class UploadPool:
                 self._ask(w, message[1], message[2], message[3])
             elif kind in ("done", "bug", "aborted", "memory"):
                 self._ended(w, kind, message)
-            elif kind == "chunk":
-                job = self._jobs.get(message[1])
-                if job is not None and not job.dropped:
-                    job.pending.append(message[2])
-            elif kind == "take":
-                self._take(w, message[1])
-            elif kind == "drop":
-                job = self._jobs.get(message[1])
-                if job is not None:
-                    job.dropped = True
-                    job.pending.clear()
-                    job.returned.clear()
+            elif kind in ("chunk", "mine", "drop"):
+                self._chunks(w, kind, message[1], message[2] if len(message) > 2 else None)
             elif kind == "checked":
                 self._checked(w, *message[1:])
             else:
                 raise ValueError(f"an upload worker sent an unknown message {kind!r}")
             self._dispatch()
+
+    def _chunks(self, w: _Worker, kind: str, job_id: int, what: Any) -> None:
+        """An upload's worker offers a chunk, claims one it checks itself, or drops them all."""
+        job = self._jobs.get(job_id)
+        if job is None or w.job is not job:
+            return
+        if kind == "chunk" and not job.dropped:
+            job.pending.append(what)
+        elif kind == "mine":
+            job.pending = collections.deque(span for span in job.pending if span.index != what)
+        elif kind == "drop":
+            job.dropped = True
+            job.pending.clear()
 
     def _dispatch(self) -> None:
         """Give every idle worker a chunk of an upload being checked, or else the next upload."""
@@ -629,8 +631,12 @@ class UploadPool:
                 continue
             chunk = next(((job, job.pending.popleft()) for job in self._jobs.values() if job.pending), None)
             if chunk is not None:
+                helped, span = chunk
                 w.state, w.task, w.heard = "check", chunk, time.monotonic()
-                w.outbox.put(("check", chunk[0].id, chunk[1]))
+                helped.helping[span.index] = w
+                w.outbox.put(("check", helped.id, span))
+                if helped.owner is not None:  # it checks this one no more
+                    helped.owner.outbox.put(("taken", helped.id, span.index))
                 continue
             job = self._next_upload()
             if job is None:
@@ -638,10 +644,6 @@ class UploadPool:
             w.state, w.job, job.owner, w.heard = "upload", job, w, time.monotonic()
             self._jobs[job.id] = job
             w.outbox.put(("upload", job.id, str(job.path), job.user_id, job.submission_id, job.now))
-        for job in self._jobs.values():  # an upload's own worker that waits for one of its chunks
-            queue = job.returned or job.pending
-            if job.hungry and job.owner is not None and queue:
-                self._hand_back(job, queue.popleft())
 
     def _next_upload(self) -> _Job | None:
         while self._queue:
@@ -688,17 +690,6 @@ class UploadPool:
             log.error("upload worker %s failed on an upload (the verifier's bug):\n%s", w.slot, message[2])
             self._later(self._settle, job, WorkerBug("an upload worker raised; see the log"))
 
-    def _take(self, w: _Worker, job_id: int) -> None:
-        job = self._jobs.get(job_id)
-        if job is None or w.job is not job:
-            return
-        queue = job.returned or job.pending
-        if queue:
-            w.outbox.put(("yours", job.id, queue.popleft()))
-        else:
-            job.hungry = True
-            w.outbox.put(("none", job.id))
-
     def _checked(self, w: _Worker, job_id: int, index: int, blob: bytes | None, error: str | None) -> None:
         task = w.task
         if task is None or task[0].id != job_id or task[1].index != index:
@@ -708,6 +699,7 @@ class UploadPool:
         job = self._jobs.get(job_id)
         if job is None or job.dropped or job.owner is None:
             return
+        job.helping.pop(index, None)
         if blob is not None:
             job.owner.outbox.put(("report", job.id, index, blob))
             return
@@ -715,20 +707,11 @@ class UploadPool:
         self._give_back(job, task[1])
 
     def _give_back(self, job: _Job, span: Span) -> None:
-        """A chunk another worker failed to check: its upload's own worker checks it."""
-        if job.dropped or job.owner is None:
-            return
-        if job.hungry:
-            self._hand_back(job, span)
-        else:
-            job.returned.append(span)
-
-    def _hand_back(self, job: _Job, span: Span) -> None:
-        """A chunk for the upload's own worker, which waits for one."""
-        assert job.owner is not None
-        job.hungry = False
-        job.owner.heard = time.monotonic()
-        job.owner.outbox.put(("yours", job.id, span))
+        """A chunk another worker failed to check: the upload's own worker checks it."""
+        job.helping.pop(span.index, None)
+        if not job.dropped and job.owner is not None:
+            job.owner.heard = time.monotonic()
+            job.owner.outbox.put(("back", job.id, span.index))
 
     # -- the end of an upload (in the site's thread pool)
 
