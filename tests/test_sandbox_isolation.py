@@ -28,7 +28,7 @@ import trio
 
 from ale import catalog
 from ale.runner import agent_env, uids
-from ale.runner import harness as harness_module
+from ale.runner import task_run as task_run_module  # where a task's run configuration (its secret) is made
 from ale.runner.harness import Harness
 from ale.runner.local import LocalRuntime
 from ale.runner.options import AgentSpec, RunOptions
@@ -311,7 +311,7 @@ def probe() -> Iterator[_Probe]:
         )
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv(MARKER_VAR, MARKER_VALUE)
-            mp.setattr(harness_module, "secrets", types.SimpleNamespace(token_hex=planted_token_hex))
+            mp.setattr(task_run_module, "secrets", types.SimpleNamespace(token_hex=planted_token_hex))
             harness = Harness(options, LocalRuntime(), PlainProgress(out=io.StringIO()))
             record = trio.run(harness.run)
         try:
