@@ -120,12 +120,13 @@ class FakeHelpers:
         self.dropped = True
 
 
-def _through(stream: bytes, seed: int, *, threaded: bool, **kwargs: Any) -> tuple[str, Any]:
+def _through(stream: bytes, seed: int, *, threaded: bool, alone: bool = False, **kwargs: Any) -> tuple[str, Any]:
     """The stream through a SharedChainJob: fed in blocks of random sizes, or decompressed by the
-    job's own thread from a zstd frame; then the chunks' reports linked."""
+    job's own thread from a zstd frame (``alone``: checking chunks meanwhile); then the chunks'
+    reports linked."""
     rng = random.Random(seed)
     helpers = FakeHelpers(rng)
-    job = SharedChainJob(helpers, chunk_bytes=4096)
+    job = SharedChainJob(helpers, chunk_bytes=4096, alone=alone)
     try:
         if threaded:
             job.start(zstandard.ZstdCompressor(level=1, write_checksum=True).compress(stream))
@@ -161,8 +162,8 @@ def test_shared_chunks_give_the_one_pass_verdict(case: str, nonce: str | None) -
     stream = CHAIN_CASES[case](_stream(120))
     kwargs = {"expected_nonce": nonce, "check_nonce": nonce is not None}
     for seed in range(3):
-        for threaded in (False, True):
-            assert _through(stream, seed, threaded=threaded, **kwargs) == _verdict(
+        for threaded, alone in ((False, False), (True, False), (True, True)):
+            assert _through(stream, seed, threaded=threaded, alone=alone, **kwargs) == _verdict(
                 lambda: verify_chain(stream, **kwargs)
             )
 

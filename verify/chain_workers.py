@@ -5,16 +5,19 @@ process uses one core. On an upload worker (:mod:`ale_verify.workers`), step 7 s
 decompression of ``events.jsonl.zst`` on a thread of a :class:`SharedChainJob` (zstd releases the
 GIL) while it checks the JSON documents: the stream goes into an anonymous in-memory file
 (``memfd_create``: no path, never on disk, freed when closed) and is cut at newlines into chunks of
-about ``chunk_bytes``. Each chunk (a :class:`Span`: where it lies in the memory file) is offered to
-the pool at once: the server hands it to an idle worker, which reads it through ``/proc/<pid>/fd``
-(:func:`check_span`, no copy through a pipe) and checks it with
-:func:`ale.core.trajectory.check_chunk`, and tells the upload's worker that it took it. The
-upload's own worker checks, in order, every chunk no other worker took (all of them when every
-worker is busy), claiming each first so that the server hands it to no one else; it never waits
-for a permission, only, at the end, for the other workers' reports. Step 9 links the reports
-(:func:`ale.core.trajectory.link_chunks`: the checks across chunk borders, then the grammar). The
-verdict is exactly that of one pass over the whole stream (a property the core's tests check for
-every way of cutting it); only the timing changes.
+about ``chunk_bytes`` (a :class:`Span`: where it lies in the memory file). The upload's own worker
+checks its chunks in order; whatever it cannot reach now (every chunk but the one it checks) it
+offers to the pool: the server hands an offered chunk to an idle worker, newest first, which reads
+it through ``/proc/<pid>/fd`` (:func:`check_span`, no copy through a pipe), checks it with
+:func:`ale.core.trajectory.check_chunk`, and the server tells the owner it took it. An offered
+chunk no one took yet the owner claims back when it gets to it (all of them when every worker is
+busy). It never waits for a permission, only, at the end, for the other workers' reports. In a pool
+of more than one worker, the owner offers every chunk cut while the trajectory is still being
+decompressed and leaves the decompression thread the GIL, checking only afterwards; alone, it
+checks chunks meanwhile. Step 9 links the reports (:func:`ale.core.trajectory.link_chunks`: the
+checks across chunk borders, then the grammar). The verdict is exactly that of one pass over the
+whole stream (a property the core's tests check for every way of cutting it); only the timing
+changes.
 
 A stream that does not end in a newline is checked in one pass instead (so that its error names
 the right line), over the stream read back from the memory file; so is a stream of one chunk,
@@ -100,8 +103,11 @@ class SharedChainJob:
     """One trajectory: :meth:`start` its decompression (or :meth:`feed` it the decompressed blocks
     in order), then ask for :meth:`reports`."""
 
-    def __init__(self, helpers: Helpers, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(self, helpers: Helpers, chunk_bytes: int = CHUNK_BYTES, *, alone: bool = False) -> None:
         self._helpers = helpers
+        #: no other worker can take a chunk: check them while the rest is decompressed (else this
+        #: worker leaves the decompression the GIL and offers every chunk, checking only later)
+        self._alone = alone
         self._chunk_bytes = max(MIN_CHUNK_BYTES, chunk_bytes)
         self._name = f"ale-trajectory-{secrets.token_hex(8)}"
         self._fd: int | None = os.memfd_create(self._name, os.MFD_CLOEXEC)
@@ -111,6 +117,9 @@ class SharedChainJob:
         self._spans: list[Span] = []  # appended by whoever feeds (the decompression thread)
         self._done: dict[int, ChunkReport] = {}
         self._taken: set[int] = set()  # chunks another worker checks
+        self._offered: set[int] = set()  # chunks the pool may hand to another worker
+        self._offering = threading.Lock()  # (the decompression thread offers too)
+        self._busy = False  # this worker is checking a chunk
         self._next = 0  # the first chunk this worker may not have looked at yet
         self._signal = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # a new chunk, or the decompression's end
         self._thread: threading.Thread | None = None
@@ -165,8 +174,15 @@ class SharedChainJob:
         span = Span(len(self._spans), os.getpid(), self._fd, self._name, self._cut, end - self._cut, first_line)
         self._cut = end
         self._spans.append(span)
-        self._helpers.offer(span)
+        if self._busy or not (self._alone or self._ended):  # this worker will not get to it soon: anyone may
+            self._offer(span.index)
         self._poke()
+
+    def _offer(self, index: int) -> None:
+        with self._offering:
+            if index not in self._offered:
+                self._offered.add(index)
+                self._helpers.offer(self._spans[index])
 
     def stream(self) -> bytes:
         """The whole trajectory as fed (for the one pass, and the judge inputs of step 12)."""
@@ -188,7 +204,8 @@ class SharedChainJob:
         :func:`~ale.core.verify.decompress_events` gives when it feeds (empty), or its error."""
         if self._thread is None:
             raise RuntimeError("the job's decompression was not started")
-        self._work(until=lambda: self._ended)
+        if self._alone:
+            self._work(until=lambda: self._ended)
         self._thread.join()
         if self._error is not None:
             raise self._error
@@ -214,15 +231,28 @@ class SharedChainJob:
             self._hear(self._helpers.news(wait=False))
             index = self._free()
             if index is not None:
-                self._helpers.claim(index)
-                span = self._spans[index]
-                self._done.setdefault(index, check_chunk(self._read(span.offset, span.length), span.first_line))
+                self._check_here(index)
                 continue
             if until():
                 return
             self._hear(self._helpers.news(wait=True, wake=self._signal[0]))
             with contextlib.suppress(BlockingIOError):
                 os.read(self._signal[0], 4096)
+
+    def _check_here(self, index: int) -> None:
+        """Check a chunk here, claimed back if it was offered; meanwhile the pool may take the others."""
+        with self._offering:
+            if index in self._offered:
+                self._helpers.claim(index)
+        self._busy = True
+        try:
+            for other in range(index + 1, len(self._spans)):
+                if other not in self._done and other not in self._taken:
+                    self._offer(other)
+            span = self._spans[index]
+            self._done.setdefault(index, check_chunk(self._read(span.offset, span.length), span.first_line))
+        finally:
+            self._busy = False
 
     def _free(self) -> int | None:
         """The first chunk neither checked here nor taken by another worker."""

@@ -87,6 +87,7 @@ class WorkerLimits:
     memory_bytes: int
     cpu_s: int
     chunk_bytes: int = CHUNK_BYTES
+    processes: int = 1  # the pool's workers
 
 
 # -- the worker process ---------------------------------------------------------------------------
@@ -270,7 +271,7 @@ def _upload(
             submission_id=submission_id,
             now=now,
             site=_RemoteSite(link),
-            chain=SharedChainJob(_PoolHelpers(link), limits.chunk_bytes),
+            chain=SharedChainJob(_PoolHelpers(link), limits.chunk_bytes, alone=limits.processes == 1),
         )
     except _Aborted:
         link.send(("aborted", job))
@@ -407,7 +408,7 @@ class UploadPool:
         #: a worker checking something that sends nothing for this long (and waits for no answer
         #: and no chunk) is stopped or stuck: killed. Default: twice its CPU budget and 30 s.
         self.stall_s = stall_s if stall_s is not None else 2 * (settings.worker_cpu_s or 300) + 30
-        self.limits = WorkerLimits(settings.worker_memory_bytes, settings.worker_cpu_s, chunk_bytes)
+        self.limits = WorkerLimits(settings.worker_memory_bytes, settings.worker_cpu_s, chunk_bytes, processes)
         self._signing_key = signing_key
         self._site = pipeline.LocalSite(settings)
         self._lock = threading.Lock()
@@ -629,7 +630,8 @@ class UploadPool:
         for w in self._workers:
             if w.state != "idle":
                 continue
-            chunk = next(((job, job.pending.popleft()) for job in self._jobs.values() if job.pending), None)
+            # the newest chunk: the upload's own worker checks its chunks from the oldest
+            chunk = next(((job, job.pending.pop()) for job in self._jobs.values() if job.pending), None)
             if chunk is not None:
                 helped, span = chunk
                 w.state, w.task, w.heard = "check", chunk, time.monotonic()
@@ -703,7 +705,7 @@ class UploadPool:
         if blob is not None:
             job.owner.outbox.put(("report", job.id, index, blob))
             return
-        log.warning("a chunk of upload %s goes back to its worker: %s", job.submission_id, error)
+        log.info("a chunk of upload %s goes back to its worker: %s", job.submission_id, error)
         self._give_back(job, task[1])
 
     def _give_back(self, job: _Job, span: Span) -> None:
