@@ -73,8 +73,9 @@ class Gateway:
             return client.request(method, path, json=body)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        lines = self.events_path.read_text().splitlines() if self.events_path.exists() else []
-        events = [json.loads(line) for line in lines]
+        """The log's complete lines (the gateway may be writing the last one as it is read)."""
+        text = self.events_path.read_text() if self.events_path.exists() else ""
+        events = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines()]
         return [e for e in events if kind is None or e["kind"] == kind]
 
     def requests(self) -> list[dict[str, Any]]:
