@@ -197,17 +197,17 @@ def _sandbox_folder() -> Path:
     return folder
 
 
-async def _sandbox_starts(n: int) -> dict:
-    """Start and tear down a sandbox running /bin/true n times (cgroup, /tmp, seccomp, bwrap, cleanup)."""
+async def sandbox_starts(n: int, runtime_name: str = "local") -> dict:
+    """Start and tear down a sandbox running /bin/true n times on the named runtime (cgroup, /tmp,
+    seccomp, bwrap or the container, cleanup). bench/runtime_bench.py runs it for each runtime."""
     import shutil
     import socket
 
-    from ale.runner import agent_env
-    from ale.runner.local import LocalRuntime
+    from ale.runner import agent_env, runtimes
     from ale.runner.runtime import SandboxSpec
 
     check_started = time.perf_counter()
-    runtime = LocalRuntime()
+    runtime = runtimes.make(runtime_name)
     runtime.check()
     check_s = time.perf_counter() - check_started
     folder = _sandbox_folder()
@@ -225,16 +225,18 @@ async def _sandbox_starts(n: int) -> dict:
             result = await runtime.run_sandboxed(spec, lambda _s, _l: None)
             times.append(time.perf_counter() - started)
             if result.exit_status != 0:
-                raise SystemExit(f"the sandbox did not run /bin/true: {result}")
+                raise SystemExit(f"{runtime_name}: the sandbox did not run /bin/true: {result}")
+        isolation = runtime.attestation()["isolation"]
     finally:
         listener.close()
+        runtime.close()
         shutil.rmtree(folder, ignore_errors=True)
     return {
         "runs": n,
         "check_s": check_s,
         "start_and_teardown_median_s": statistics.median(times),
         "start_and_teardown_min_s": min(times),
-        "isolation": runtime.attestation()["isolation"],
+        "isolation": isolation,
     }
 
 
@@ -247,7 +249,7 @@ def main() -> None:
     recording = bench_recording(n, rounds)
     overhead = bench_overhead(runs, episodes=5)
     env = bench_agent_env(1 if args.quick else 3, 5 if args.quick else 20)
-    starts = trio.run(_sandbox_starts, 5 if args.quick else 30)
+    starts = trio.run(sandbox_starts, 5 if args.quick else 30)
     print(f"trajectory recording ({n} events, median of {rounds}):")
     print(f"  chained (RFC 8785 + SHA-256 chain + writer thread): {recording['chained_events_per_s']:,.0f} events/s")
     print(f"  plain json.dumps lines (floor):                     {recording['plain_json_events_per_s']:,.0f} events/s")

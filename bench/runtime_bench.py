@@ -24,8 +24,6 @@ import json
 import os
 import platform
 import shutil
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +36,7 @@ import trio
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from harness_bench import bench_overhead  # noqa: E402
+from harness_bench import bench_overhead, sandbox_starts  # noqa: E402
 
 IMAGES = ("agent-base", "evaluator")
 
@@ -76,36 +74,10 @@ def _runtime(name: str) -> Any:
 
 
 async def _starts(name: str, n: int) -> dict[str, Any]:
-    """run_sandboxed(/bin/true) n times on the named runtime."""
-    from ale.runner import agent_env
-    from ale.runner.runtime import SandboxSpec
-
-    check_started = time.perf_counter()
-    runtime = await trio.to_thread.run_sync(_runtime, name)
-    check_s = time.perf_counter() - check_started
-    folder = Path(tempfile.mkdtemp(prefix="ale-rb-"))
-    for sub in ("ws", "task"):
-        await trio.Path(folder / sub).mkdir()
-    await trio.Path(folder).chmod(0o755)
-    listener = socket.socket(socket.AF_UNIX)
-    try:
-        listener.bind(str(folder / "e.sock"))
-        spec = SandboxSpec(
-            command=("/bin/true",), workspace=folder / "ws", workspace_writable=True, task_dir=folder / "task",
-            evaluator_socket=folder / "e.sock", env={"PATH": "/usr/bin:/bin"}, agent_env=agent_env.ensure(),
-        )  # fmt: skip
-        times = []
-        for _ in range(n):
-            started = time.perf_counter()
-            result = await runtime.run_sandboxed(spec, lambda _s, _l: None)
-            times.append(time.perf_counter() - started)
-            if result.exit_status != 0:
-                raise SystemExit(f"{name}: the sandbox did not run /bin/true: {result}")
-    finally:
-        listener.close()
-        runtime.close()
-        shutil.rmtree(folder, ignore_errors=True)
-    return {"runs": n, "check_s": check_s, "median_s": statistics.median(times), "min_s": min(times)}
+    """run_sandboxed(/bin/true) n times on the named runtime (harness_bench's measure)."""
+    r = await sandbox_starts(n, name)
+    return {"runs": n, "check_s": r["check_s"], "median_s": r["start_and_teardown_median_s"],
+            "min_s": r["start_and_teardown_min_s"]}  # fmt: skip
 
 
 def bench_run(name: str, runs: int, episodes: int, env: dict[str, str]) -> dict[str, Any]:
