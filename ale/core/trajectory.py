@@ -22,12 +22,15 @@ module. docs/formats.md carries test vectors.
 
 from __future__ import annotations
 
+import bisect
+import collections
 import datetime as _dt
 import hashlib
+import itertools
 import math
 import operator
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -293,9 +296,10 @@ _PRODUCER_SET = frozenset(PRODUCERS)
 #: kinds known to match _KIND: the grammar's, and others once seen (a cache: the regex is the rule)
 _VALID_KINDS: set[str] = {kind for kinds in grammar.KINDS.values() for kind in kinds}
 #: an event's members, in the order check_chunk unpacks them
-_MEMBERS = operator.itemgetter(
+_MEMBER_NAMES = (
     "schema", "seq", "producer", "producer_sequence", "wall_time", "monotonic", "kind", "data", "prev_hash", "hash"
-)
+)  # fmt: skip
+_MEMBERS = operator.itemgetter(*_MEMBER_NAMES)
 
 
 def _shown(value: Any) -> str:
@@ -631,6 +635,79 @@ class _Scan:
         if checked:
             self.last_wall = wall
 
+    def bulk(self, chunk: bytes) -> bool:
+        """Vouch for every line of ``chunk`` at once (see "the bulk path" below) and take them in, as
+        :meth:`lines` would; False (nothing proven) on any doubt. Only on a fresh scan."""
+        try:
+            return self._bulk(chunk)
+        except Exception:  # any doubt: the exact loop decides, and names the fault
+            return False
+
+    def _bulk(self, chunk: bytes) -> bool:
+        # A batch of lines at a time, about _BULK_BYTES: each C-level pass over a batch finds it
+        # still in the cache (a whole chunk at a time is slower than the exact loop: memory-bound).
+        window, kinds, start, size = 0, collections.Counter[str](), 0, len(chunk)
+        while start < size:
+            end = chunk.find(b"\n", start + _BULK_BYTES - 1) + 1 or size
+            batch = self._bulk_batch(chunk[start:end], window, kinds)
+            if batch is None:
+                return False
+            window, start = batch, end
+        self.kinds = dict(kinds)
+        return True
+
+    def _bulk_batch(self, piece: bytes, window: int, kinds: collections.Counter[str]) -> int | None:
+        """Vouch for a batch of lines that follows what the scan checked so far, and take it in;
+        the grammar's window after it, or None."""
+        parsed = _bulk_events(piece)
+        if parsed is None:
+            return None
+        lines, events = parsed
+        columns = _bulk_columns(events)
+        base = (1 if self.first_line is None else self.first_line) + self.checked
+        if not (
+            _bulk_members(columns)
+            and self._bulk_follows(columns)
+            and _bulk_hashed(lines, columns[9])
+            and _bulk_producers(base, columns, self.first_of, self.counts)
+        ):
+            return None
+        return self._bulk_take(base, columns, window, kinds)
+
+    def _bulk_follows(self, columns: list[list[Any]]) -> bool:
+        """seq counts on, each prev_hash is the hash before it, and the stream's first event is right."""
+        seq, producer, kind, data, prev, digest = (columns[i] for i in (1, 2, 6, 7, 8, 9))
+        first = self.checked == 0
+        if self.first_line is not None:
+            start = self.first_line - 1 + self.checked
+        else:  # a chunk whose place is not yet known: its first seq, and on by one from there
+            start = seq[0] if first else (self.first_seq or 0) + self.checked
+        if seq != list(range(start, start + len(seq))) or prev[1:] != digest[:-1]:
+            return False
+        if not first:
+            return bool(prev[0] == self.head)
+        if self.first_line == 1 and _first_fault(producer[0], kind[0], data[0]) is not None:
+            return False
+        return bool(prev[0] == GENESIS or _HEX64.fullmatch(prev[0]))
+
+    def _bulk_take(self, base: int, columns: list[list[Any]], window: int, kinds: collections.Counter[str]) -> int:
+        """Take a vouched-for batch in, as the exact loop does; the grammar's window after it."""
+        seq, producer, wall, kind, data, prev, digest = (columns[i] for i in (1, 2, 4, 6, 7, 8, 9))
+        if self.checked == 0:
+            self._first(base, seq[0], prev[0], wall[0], data[0])
+        kinds.update(kind)
+        for index in itertools.compress(itertools.count(), map(netstats.TALLIED.__contains__, kind)):
+            self._tally(producer[index], kind[index], data[index])
+        bits = list(map(dict.get, map(_BITS.__getitem__, producer), kind, itertools.repeat(0)))
+        structural, windowed, window = _bulk_window(base, bits, window)
+        before = len(self.tokens)
+        for index in structural:
+            self._structural(base + index, producer[index], kind[index], data[index])
+        if windowed:
+            self.tokens[before:] = sorted(self.tokens[before:] + windowed, key=operator.itemgetter(0))
+        self.head, self.checked, self.last_wall = digest[-1], self.checked + len(seq), wall[-1]
+        return window
+
     def _first(self, number: int, seq: int, prev: str, wall: str, data: dict[str, Any]) -> None:
         """The chunk's first line: what the link phase checks against the chunks before it."""
         self.first_seq = seq if self.first_line is None else None
@@ -653,12 +730,186 @@ _EVAL_RESULT = grammar.CODES["trusted_evaluator"]["eval_result"]
 _TASK_FINISHED = grammar.CODES["trusted_harness"]["task_finished"]
 
 
-def check_chunk(chunk: bytes, first_line: int | None = 1) -> ChunkReport:
+# -- the bulk path ---------------------------------------------------------------------------------
+#
+# "Vouch in bulk, name faults exactly." _Scan.lines checks a line at a time and names the first
+# fault; most chunks have none, and for them the bulk path below proves the very same checks with
+# a few C-level calls over the whole chunk (one orjson.dumps of every event, whole-column type and
+# set tests, one SHA-256 map). It only vouches: on any doubt (a check false, an exception) it
+# gives up and the exact loop checks the chunk from scratch, so a faulty chunk's fault is always
+# the exact loop's. A chunk it vouches for gets the report the exact loop gives (field by field;
+# tests/test_trajectory_bulk.py holds both, and tests/trajectory_reference.py, to it).
+#
+# The canonical form: each line is parsed on its own (orjson.loads) to a dict, and ONE
+# orjson.dumps of the list of them is compared with "[" + the lines joined by "," + "]". orjson
+# writes a list as "[", its items' own forms joined by ",", "]", so the equality says
+# d_1 "," d_2 ... d_n == l_1 "," l_2 ... l_n (d_i the form of line l_i's object). That forces
+# d_i == l_i for every i: d_1 is a JSON object, so the joined lines start with "{", and so does
+# l_1 (a line that parsed alone is one JSON value, possibly amid whitespace: a leading space
+# would differ from d_1's "{"). A JSON object is prefix-free (its closing brace at depth 0 ends
+# it, whatever follows), so the object l_1 starts with and d_1 are the same bytes, and the byte
+# after it is "," in d's join; in l's join it is l_1's own next byte if l_1 goes on (whitespace,
+# never ","), so l_1 ends there: l_1 == d_1, and the rest follows the same way, line by line.
+# Lines cannot merge across a newline either: each was parsed alone, and a line such as
+# {"data":{"x":[1 is no JSON value (orjson.loads raises: the exact loop decides).
+
+_HASH_KEY = b'"hash":"'
+#: the bulk path's batch: about this many bytes of lines (a few dozen), small enough to stay in the cache
+_BULK_BYTES = 64 * 1024
+_WALL_TIME_LENGTH = len("2026-11-30T04:28:38.123456Z")
+_WALL_TIMES = re.compile(f"(?:{_WALL_TIME.pattern[1:-1]})*")  # any number of wall times, end to end
+_SHA256_HEX = type(hashlib.sha256()).hexdigest
+#: grammar.BITS as plain dicts (looked up by map over the columns)
+_BITS: dict[str, dict[str, int]] = {producer: dict(kinds) for producer, kinds in grammar.BITS.items()}
+_INT_OR_STR = frozenset({int, str})
+_TIME_TYPES = frozenset({int, float})
+
+
+def _bulk_events(chunk: bytes) -> tuple[list[bytes], list[Any]] | None:
+    """The chunk's lines and their events if every line is provably the canonical JSON of an object
+    with exactly the event's members (the exact loop's form checks), else None."""
+    if not chunk.isascii() and NON_BMP.search(chunk):  # key order may differ from UTF-16's
+        return None
+    lines = chunk.split(b"\n")[:-1]
+    if not lines or max(map(len, lines)) > MAX_LINE_BYTES:
+        return None
+    events = list(map(orjson.loads, lines))  # raises on a line that is not JSON: the exact loop names it
+    if set(map(type, events)) != {dict} or set(map(len, events)) != {len(FIELDS)}:
+        return None  # (of len(FIELDS) members each: exactly FIELDS once each is found, by _bulk_columns)
+    if orjson.dumps(events, option=ORJSON_OPTIONS) != b"[" + b",".join(lines) + b"]":  # (see above)
+        return None
+    return lines, events
+
+
+def _bulk_columns(events: list[dict[str, Any]]) -> list[list[Any]]:
+    """The events' members, a list per member in _MEMBER_NAMES's order; KeyError if one lacks a member
+    (with len(FIELDS) members each, as _bulk_events checked, every event's keys are then FIELDS)."""
+    return [list(map(operator.itemgetter(member), events)) for member in _MEMBER_NAMES]
+
+
+def _bulk_times(monotonic: Sequence[Any]) -> bool:
+    """Every monotonic time an integer, or a float orjson writes as RFC 8785 does (not integral,
+    outside ORJSON_EXPONENT_BAND): the exact loop's test, over the column."""
+    types = set(map(type, monotonic))
+    if not types <= _TIME_TYPES:
+        return False
+    if float not in types:
+        return True
+    floats = [value for value in monotonic if type(value) is float]
+    if any(map(float.is_integer, floats)):
+        return False
+    magnitudes = sorted(map(abs, floats))
+    low, high = ORJSON_EXPONENT_BAND
+    at = bisect.bisect_left(magnitudes, low)  # the smallest magnitude >= low must be >= high
+    return at == len(magnitudes) or magnitudes[at] >= high
+
+
+def _bulk_data(datas: Sequence[dict[str, Any]]) -> bool:
+    """:func:`_data_agrees` for every event's data (no walk where every value is a string or an integer)."""
+    if _INT_OR_STR.issuperset(map(type, itertools.chain.from_iterable(map(dict.values, datas)))):
+        return True
+    return all(map(_data_agrees, datas))
+
+
+def _bulk_members(columns: list[list[Any]]) -> bool:
+    """The exact loop's member checks (what _check_fields checks), a column at a time. The hashes
+    are left to :func:`_bulk_hashed`: one equal to the SHA-256 hex digest of its line's body is 64
+    lowercase hex digits, and so is each later prev_hash, which must equal the hash before it."""
+    schema, seq, producer, sequence, wall, monotonic, kind, data, prev, digest = columns
+    return bool(
+        set(schema) == {EVENT_SCHEMA}
+        and set(map(type, seq)) == {int}
+        and set(map(type, sequence)) == {int}
+        and set(map(type, producer)) == {str}
+        and _PRODUCER_SET.issuperset(producer)
+        and set(map(type, kind)) == {str}
+        and _VALID_KINDS.issuperset(kind)  # a kind not yet seen: the exact loop checks (and caches) it
+        and set(map(type, wall)) == {str}
+        and set(map(len, wall)) == {_WALL_TIME_LENGTH}
+        and _WALL_TIMES.fullmatch("".join(wall))  # pieces of one length: each is one time
+        and _bulk_times(monotonic)
+        and set(map(type, data)) == {dict}
+        and _bulk_data(data)
+        and set(map(type, prev)) == {str}
+        and (prev[0] == GENESIS or _HEX64.fullmatch(prev[0]))
+        and set(map(type, digest)) == {str}
+    )
+
+
+def _bulk_hashed(lines: list[bytes], digest: list[str]) -> bool:
+    """Every line's hash is the SHA-256 of the line without its hash member, cut where the exact
+    loop cuts it: at the last '"hash":"', 8 + 64 + 2 bytes ('"hash":"', the digits, '",') left out.
+    The exact loop also checks that the 64 bytes after that '"hash":"' are the hash; that holds
+    here by what is already proven: the line is the canonical form of an object of exactly the
+    event's members, whose "hash" (64 hex digits once it equals a hex digest) RFC 8785's key order
+    writes right after "data", and no member after it can hold '"hash":"' (kind, producer,
+    schema and wall_time matched their patterns, prev_hash is hex, the others are numbers)."""
+    cuts = list(map(bytes.rfind, lines, itertools.repeat(_HASH_KEY)))
+    if min(cuts) < 0:
+        return False
+    heads = map(operator.getitem, lines, map(slice, itertools.repeat(None), cuts))
+    after = map(operator.add, cuts, itertools.repeat(74))
+    tails = map(operator.getitem, lines, map(slice, after, itertools.repeat(None)))
+    return list(map(_SHA256_HEX, map(hashlib.sha256, map(operator.add, heads, tails)))) == digest
+
+
+def _bulk_producers(
+    base: int,
+    columns: list[list[Any]],
+    first_of: dict[str, tuple[int, int, float]],
+    counts: dict[str, tuple[int, float]],
+) -> bool:
+    """Take a batch's events into each producer's first_of and counts, as the exact loop does,
+    if its producer_sequence goes on by one from before (or from its first in the chunk) and its
+    monotonic time never goes backwards; else False."""
+    producer, sequence, monotonic = columns[2], columns[3], columns[5]
+    order = dict.fromkeys(producer)  # in the order of their first events, as the exact loop adds them
+    for name in order:
+        if len(order) == 1:
+            sequences, times = sequence, monotonic
+        else:
+            mine = list(map(name.__eq__, producer))
+            sequences, times = list(itertools.compress(sequence, mine)), list(itertools.compress(monotonic, mine))
+        seen = counts.get(name)
+        expected = sequences[0] if seen is None else first_of[name][1] + seen[0]
+        if sequences != list(range(expected, expected + len(sequences))):
+            return False
+        after = times if seen is None else [seen[1], *times]
+        if not all(map(operator.ge, itertools.islice(after, 1, None), after)):
+            return False
+        if seen is None:
+            first_of[name] = (base + producer.index(name), sequences[0], times[0])
+        counts[name] = (len(sequences) + (0 if seen is None else seen[0]), times[-1])
+    return True
+
+
+def _bulk_window(base: int, bits: list[int], window: int) -> tuple[list[int], list[Token], int]:
+    """The structural lines (index in the batch), the windowed rules' tokens (each windowed rule's
+    first event after a structural one, or the chunk's start) and the window after the batch, as
+    the exact loop finds them."""
+    structural: list[int] = []
+    tokens: list[Token] = []
+    for index, bit in enumerate(bits):
+        if not bit:
+            structural.append(index)
+            window = 0
+        elif not window & bit:
+            window |= bit
+            tokens.append((base + index, bit.bit_length() - 1, None))
+    return structural, tokens, window
+
+
+def check_chunk(chunk: bytes, first_line: int | None = 1, *, bulk: bool = True) -> ChunkReport:
     """Check consecutive complete lines (each ending in a newline) that start at ``first_line``,
-    or somewhere not yet known (None: a chunk cut from a stream still being decompressed)."""
+    or somewhere not yet known (None: a chunk cut from a stream still being decompressed).
+    The bulk path vouches for a chunk without a fault; the exact loop (``bulk=False``: it alone)
+    checks any other and names its first fault. The report is the same either way."""
     if chunk and not chunk.endswith(b"\n"):
         raise ValueError("a chunk ends at a newline")
     scan = _Scan(first_line)
+    if bulk and chunk and scan.bulk(chunk):
+        return scan.report()
+    scan = _Scan(first_line)  # (afresh: whatever the bulk path began)
     try:
         scan.lines(chunk)
     except ChainError as exc:
