@@ -409,3 +409,27 @@ def test_bulk_report_of_a_whole_run_links_to_the_reference_summary() -> None:
         with _batch(batch):
             reports = [check_chunk(c, n) for c, n in split_chunks(stream, 5)]
             assert link_chunks(reports, expected_nonce="nonce-abc", check_nonce=True) == expected
+
+
+def test_bulk_compares_hashes_one_by_one_not_their_concatenation() -> None:
+    """A forger's hashes of 63 and 65 characters whose concatenation is the hex of the two bodies'
+    digests (each cut where the exact loop cuts it): the exact loop refuses the first (not 64
+    characters); so must the bulk path, which compares the joined hex."""
+    lines = _run_lines({"a": 1}, {"a": 2})
+
+    def with_hash(line: bytes, value: bytes, width: int) -> bytes:
+        cut = line.rfind(b'"hash":"') + 8
+        return line[:cut] + value + line[cut + width :]
+
+    def body(line: bytes) -> bytes:
+        cut = line.rfind(b'"hash":"')
+        return line[:cut] + line[cut + 74 :]
+
+    one = with_hash(lines[1], b"0" * 63, 64)
+    first = hashlib.sha256(body(one)).hexdigest().encode()
+    one = with_hash(one, first[:63], 63)
+    prev = lines[2].find(b'"prev_hash":"') + 13
+    two = with_hash(lines[2][:prev] + first[:63] + lines[2][prev + 64 :], b"0" * 65, 64)
+    two = with_hash(two, first[63:] + hashlib.sha256(body(two)).hexdigest().encode(), 65)
+    chunk = b"".join(line + b"\n" for line in [lines[0], one, two])
+    _same_fault(chunk, "bad_hash", 2)
