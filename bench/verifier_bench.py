@@ -11,7 +11,9 @@ Run: .venv/bin/python bench/verifier_bench.py [--quick] [--out bench/results/ver
    the tar and the trajectory; the pipeline is the upload as ``ale-verify serve`` checks it: on an
    ``ale_verify.workers.UploadPool`` of the usable cores' worker processes (from the upload's file
    to its stored verdict), and, beside it, ``ale_verify.pipeline.process_upload`` in this process.
-   Median of the rounds, ratio, goal <= 1.2x. Also a per-step breakdown (the pipeline's steps
+   Median of the rounds, ratio, goal <= 1.2x. Also the CPU seconds of both (robust on a loaded
+   machine, where wall times are not), the trajectory's chunk checks in CPU seconds (the bulk path
+   of ``check_chunk`` against its exact loop alone), a per-step breakdown (the pipeline's steps
    called one by one) and a cProfile of one in-process run.
 3. Load: ``ale-verify serve --workers 1`` and then ``--workers 2`` on 127.0.0.1 as a subprocess,
    50 concurrent httpx clients each uploading a small real bundle (~300 KB) again and again for a
@@ -272,6 +274,7 @@ def floor_once(ciphertext: bytes, identity: str, member: tuple[int, int]) -> dic
     import pyrage
     import zstandard
 
+    cpu0 = time.process_time()
     t0 = time.perf_counter()
     key = pyrage.x25519.Identity.from_str(identity)
     plain = pyrage.decrypt(ciphertext, [key])
@@ -286,7 +289,8 @@ def floor_once(ciphertext: bytes, identity: str, member: tuple[int, int]) -> dic
     hashlib.sha256(events).digest()
     t4 = time.perf_counter()
     return {"decrypt_s": t1 - t0, "outer_decompress_s": t2 - t1, "inner_decompress_s": t3 - t2,
-            "sha256_s": t4 - t3, "total_s": t4 - t0, "plain_bytes": len(tar) + len(events)}  # fmt: skip
+            "sha256_s": t4 - t3, "total_s": t4 - t0, "plain_bytes": len(tar) + len(events),
+            "cpu_s": time.process_time() - cpu0}  # fmt: skip
 
 
 class Site:
@@ -464,11 +468,41 @@ def profile_once(site: Site, ciphertext: bytes, top: int = 10) -> tuple[str, lis
     return buf.getvalue(), rows(3), rows(2)
 
 
+def chain_check_cpu(events: bytes, rounds: int) -> dict[str, Any]:
+    """The trajectory's chunk checks as the chain workers make them (chunks of CHUNK_BYTES), in
+    this process's CPU seconds (robust on a loaded machine): ``check_chunk``'s bulk path against
+    its exact loop alone (``bulk=False``), rounds interleaved, best of each."""
+    from ale.core.trajectory import check_chunk, split_chunks
+    from ale_verify.chain_workers import CHUNK_BYTES
+
+    chunks = split_chunks(events, max(1, len(events) // CHUNK_BYTES))
+    times: dict[str, list[float]] = {"bulk": [], "exact": []}
+    for _ in range(rounds):
+        for name in times:
+            cpu = time.process_time()
+            reports = [check_chunk(chunk, line, bulk=name == "bulk") for chunk, line in chunks]
+            times[name].append(time.process_time() - cpu)
+            if any(r.fault for r in reports):
+                raise SystemExit(f"the trajectory's chain check ({name}) found a fault")
+    lines = events.count(b"\n")
+    best = {name: min(values) for name, values in times.items()}
+    return {
+        "chunks": len(chunks),
+        "lines": lines,
+        "bulk_cpu_s": best["bulk"],
+        "exact_cpu_s": best["exact"],
+        "bulk_us_per_line": best["bulk"] / lines * 1e6,
+        "exact_us_per_line": best["exact"] / lines * 1e6,
+    }
+
+
 def bench_verification(site: Site, ciphertext: bytes, identity: str, rounds: int, served: Served) -> dict[str, Any]:
     from ale.core import bundle
+    from ale.core.verify import decompress_events
 
     tar = bundle.decompress(bundle.decrypt(ciphertext, identity, bundle.Limits()), bundle.Limits())
     member = _events_member(tar)
+    chain_cpu = chain_check_cpu(decompress_events(tar[member[0] : member[0] + member[1]]), max(3, rounds))
     del tar
     # Warm-up (imports, task catalog, JSON Schema validators, the workers' first upload), reported apart.
     cold_s, outcome, _ = served.once(ciphertext)
@@ -516,6 +550,9 @@ def bench_verification(site: Site, ciphertext: bytes, identity: str, rounds: int
         "pipeline_s": pipe_med,
         "pipeline_workers": served.pool.processes,
         "pipeline_cpu_s": statistics.median(pipes_cpu),
+        "floor_cpu_s": statistics.median(f["cpu_s"] for f in floors),
+        "ratio_cpu": statistics.median(pipes_cpu) / statistics.median(f["cpu_s"] for f in floors),
+        "chain_check_cpu": chain_cpu,
         "pipeline_in_process_s": inproc_med,
         "ratio_in_process": inproc_med / floor_med,
         "pipeline_cold_s": cold_s,
@@ -774,6 +811,12 @@ def main() -> None:
         )
         print(f"  pipeline {ver['pipeline_in_process_s'] * 1000:8.1f} ms  in one process (process_upload):"
               f" {ver['ratio_in_process']:.2f}x the floor")  # fmt: skip
+        cc = ver["chain_check_cpu"]
+        print(f"  CPU: the served pipeline {ver['pipeline_cpu_s'] * 1000:.0f} ms in its workers, the floor"
+              f" {ver['floor_cpu_s'] * 1000:.0f} ms ({ver['ratio_cpu']:.2f}x)")  # fmt: skip
+        print(f"  chain check of {cc['lines']:,} lines in {cc['chunks']} chunks (CPU, best of rounds): bulk"
+              f" {cc['bulk_cpu_s'] * 1000:.1f} ms ({cc['bulk_us_per_line']:.2f} us a line), the exact loop alone"
+              f" {cc['exact_cpu_s'] * 1000:.1f} ms ({cc['exact_us_per_line']:.2f} us a line)")  # fmt: skip
         verdict = "meets" if ver["meets_goal"] else "does NOT meet"
         print(f"  ratio pipeline/floor = {ver['ratio']:.2f}x -> {verdict} the {GOAL_RATIO}x goal"
               f" (median of per-round ratios {ver['ratio_paired_median']:.2f}x, best against best"
