@@ -734,8 +734,9 @@ _TASK_FINISHED = grammar.CODES["trusted_harness"]["task_finished"]
 #
 # "Vouch in bulk, name faults exactly." _Scan.lines checks a line at a time and names the first
 # fault; most chunks have none, and for them the bulk path below proves the very same checks with
-# a few C-level calls over the whole chunk (one orjson.dumps of every event, whole-column type and
-# set tests, one SHA-256 map). It only vouches: on any doubt (a check false, an exception) it
+# a few C-level calls over a batch of lines at a time (one orjson.dumps of the batch's events,
+# whole-column type and set tests, one SHA-256 map), the state carried from batch to batch as the
+# exact loop carries it from line to line. It only vouches: on any doubt (a check false, an exception) it
 # gives up and the exact loop checks the chunk from scratch, so a faulty chunk's fault is always
 # the exact loop's. A chunk it vouches for gets the report the exact loop gives (field by field;
 # tests/test_trajectory_bulk.py holds both, and tests/trajectory_reference.py, to it).
@@ -842,8 +843,8 @@ def _bulk_hashed(lines: list[bytes], digest: list[str]) -> bool:
     The exact loop also checks that the 64 bytes after that '"hash":"' are the hash; that holds
     here by what is already proven: the line is the canonical form of an object of exactly the
     event's members, whose "hash" (64 hex digits once it equals a hex digest) RFC 8785's key order
-    writes right after "data", and no member after it can hold '"hash":"' (kind, producer,
-    schema and wall_time matched their patterns, prev_hash is hex, the others are numbers)."""
+    writes right after "data", and no member after it can hold '"hash":"': they are all strings
+    and numbers (their types were checked), and an encoded string writes each quote as '\\"'."""
     cuts = list(map(bytes.rfind, lines, itertools.repeat(_HASH_KEY)))
     if min(cuts) < 0:
         return False
