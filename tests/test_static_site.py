@@ -113,11 +113,12 @@ def test_cli_export_site_writes_replaces_and_refuses(tmp_path: Path, monkeypatch
     assert (out / "index.html").is_file()
     assert (out / export.MANIFEST).is_file()
     assert oct(out.stat().st_mode & 0o777) == "0o755"
-    # A re-export replaces the folder as a whole: stale files go, nothing is left beside it.
+    # A re-export replaces the folder as a whole: stale files go, nothing is left beside it but
+    # the pages' input digests (unpublished: the next export's cache).
     (out / "stale.html").write_text("old")
     assert cli.main(["export-site", str(out), "--page-size", "5", "--top-n", "3"]) == 0
     assert not (out / "stale.html").exists()
-    assert sorted(p.name for p in out.parent.iterdir()) == ["board"]
+    assert sorted(p.name for p in out.parent.iterdir()) == [".board.inputs.json", "board"]
     # Never over a folder that is not a previous export, and never without a database.
     foreign = tmp_path / "foreign"
     foreign.mkdir()
@@ -144,7 +145,8 @@ def test_failed_export_leaves_the_previous_site(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(RuntimeError, match="disk full"):
         _export(database, out)
     assert _tree(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("db.")) == ["site"]  # no stage left
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("db.")) == [".site.inputs.json", "site"]
+    assert export._previous_inputs(out)  # no stage left, and the previous site's input digests still apply
 
 
 # -- none, one, many ---------------------------------------------------------------------------
