@@ -244,6 +244,12 @@ class Entry:
     #: each completed reproduction task's judgement (ale_verify.judging.task_judgement)
     judgements: dict[str, dict[str, Any]] = attrs.Factory(dict)
     _fingerprint: str | None = attrs.field(default=None, init=False)
+    _results: dict[str, dict[str, Any]] | None = attrs.field(default=None, init=False)
+    #: the board shows these on every row of the entry: sorted once
+    _states: dict[str, tuple[str, ...]] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._states = {state: self.in_state(state) for state in ("unjudged", "judging_pending")}
 
     def fingerprint(self) -> str:
         """A digest of everything a page can show of this entry: its database row (every other
@@ -264,12 +270,21 @@ class Entry:
     @property
     def unjudged(self) -> tuple[str, ...]:
         """Without a credited verdict (final 0)."""
-        return self.in_state("unjudged")
+        return self._states["unjudged"]
 
     @property
     def pending(self) -> tuple[str, ...]:
         """Waiting for the verifier's judge (final 0 until it answers)."""
-        return self.in_state("judging_pending")
+        return self._states["judging_pending"]
+
+    @property
+    def results(self) -> dict[str, dict[str, Any]]:
+        """Each task's record in the summary by its ref (the first, should one repeat)."""
+        if self._results is None:
+            self._results = {}
+            for t in self.summary["tasks"]:
+                self._results.setdefault(t["task"], t)
+        return self._results
 
     @property
     def revoked(self) -> bool:
@@ -643,6 +658,11 @@ class Site:
             keep_trailing_newline=True,
         )
         self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES)
+        # a level's badge, rendered once by its macro: every page shows several
+        self.env.globals["badges"] = {
+            level: self.env.get_template("macros.html").module.badge(level)  # type: ignore[attr-defined]
+            for level in LEVEL_INFO
+        }
         self.env.filters.update(
             score=fmt_score, ci=fmt_ci, rate=fmt_rate, value=fmt_value, duration=fmt_duration, tokens=fmt_tokens,
             int=fmt_int, date=fmt_date, datetime=fmt_datetime,
