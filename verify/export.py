@@ -46,6 +46,7 @@ from typing import Any
 
 import attrs
 import jinja2
+import jinja2.meta
 import orjson
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
@@ -683,7 +684,8 @@ class Site:
                 if re.fullmatch(r"[a-z0-9][a-z0-9_-]*", path.stem) and path.stem != "index":
                     self.docs[path.stem] = path
         self.markdown = Markdown(self._resolve)
-        self.code_digest = _code_digest(root, self.release, self.specs)
+        self.code_digest = _code_digest(self.release, self.specs)
+        self._template_digests: dict[str, bytes] = {}
 
     # files
 
@@ -701,10 +703,12 @@ class Site:
         entry = (hashlib.sha256(data).hexdigest(), len(data))
         self.files[rel] = entry
         if self.previous is not None and self.previous[1].get(rel) == entry and rel != MANIFEST:
-            try:  # the same bytes as the previous export's: that file, not a rewrite
-                os.link(self.previous[0] / rel, self.out / rel)
-                self.unchanged += 1
-                return
+            try:  # the same bytes as the previous export's file: that file, not a rewrite
+                source = self.previous[0] / rel
+                if source.read_bytes() == data:
+                    os.link(source, self.out / rel)
+                    self.unchanged += 1
+                    return
             except OSError:
                 pass  # gone, or another filesystem: write it
         # os.open and one write: a pathlib write_bytes costs several times as much per file, and
@@ -739,12 +743,40 @@ class Site:
         self.rendered += 1
 
     def inputs_digest(self, template: str, context: dict[str, Any]) -> str:
-        """SHA-256 of everything a page is rendered from: the code (:attr:`code_digest`: templates,
-        exporter, installed tasks and release), the template's name and the page's context (each
-        entry by :meth:`Entry.fingerprint`). A context holding anything else than JSON values,
-        entries and attrs models fails here rather than be digested by a lossy stand-in."""
-        raw = orjson.dumps([template, context], default=_context_value, option=orjson.OPT_NON_STR_KEYS)
-        return hashlib.sha256(self.code_digest + raw).hexdigest()
+        """SHA-256 of everything a page is rendered from: the code (:attr:`code_digest`: exporter,
+        installed tasks and release), the template with every template it uses
+        (:meth:`template_digest`), and the page's context (each entry by :meth:`Entry.fingerprint`).
+        A context holding anything else than JSON values, entries and attrs models fails here
+        rather than be digested by a lossy stand-in."""
+        try:
+            raw = orjson.dumps([template, context], default=_context_value, option=orjson.OPT_NON_STR_KEYS)
+        except orjson.JSONEncodeError as exc:
+            raise ExportError(f"a page of {template}: {exc.__cause__ or exc}") from exc
+        return hashlib.sha256(self.code_digest + self.template_digest(template) + raw).hexdigest()
+
+    def template_digest(self, name: str) -> bytes:
+        """SHA-256 of a template's source and of every template it extends, includes or imports."""
+        if name not in self._template_digests:
+            loader = self.env.loader
+            assert loader is not None
+            h = hashlib.sha256()
+            seen: set[str] = set()
+            todo = [name, "macros.html"]  # the badges (env.globals) are rendered by macros.html
+            while todo:
+                current = todo.pop()
+                if current in seen:
+                    continue
+                seen.add(current)
+                source, _, _ = loader.get_source(self.env, current)
+                h.update(f"{current} {len(source)}\n{source}".encode())
+                referenced = jinja2.meta.find_referenced_templates(self.env.parse(source))
+                for ref in referenced:
+                    if ref is None:  # a name computed at render time: every template, to be safe
+                        todo += self.env.list_templates()
+                    else:
+                        todo.append(ref)
+            self._template_digests[name] = h.digest()
+        return self._template_digests[name]
 
     def _reuse(self, rel: str, key: str) -> bool:
         """Link the previous export's ``rel`` when it was rendered from the inputs ``key``."""
@@ -755,8 +787,9 @@ class Site:
             return False
         source = self.previous[0] / rel
         try:
-            if source.stat().st_size != listed[1]:
-                return False  # changed since: render it
+            with open(source, "rb") as fh:
+                if hashlib.file_digest(fh, "sha256").hexdigest() != listed[0]:
+                    return False  # changed since the manifest was written: render it
             self._folder(rel)
             os.link(source, self.out / rel)
         except OSError:
@@ -1158,13 +1191,13 @@ def _csv_cell(name: str, value: Any) -> str:
 INPUTS_SCHEMA = "ale-site-inputs/v1"
 
 
-def _code_digest(root: Path, release: Any, specs: dict[str, Any]) -> bytes:
-    """SHA-256 of the code every page is rendered by: the templates, this exporter and the modules
-    it derives a page's data with, the renderer's versions, the installed tasks and the release."""
+def _code_digest(release: Any, specs: dict[str, Any]) -> bytes:
+    """SHA-256 of the code every page is rendered by (its template aside, :meth:`Site.template_digest`):
+    this exporter and the modules it derives a page's data with, the renderer's version, the
+    installed tasks and the release."""
     h = hashlib.sha256(f"ale-verify {__version__} jinja2 {jinja2.__version__}\n".encode())
     here = Path(__file__).resolve().parent
-    sources = [root / "templates" / name for name in sorted(os.listdir(root / "templates"))]
-    for path in [*sources, here / "export.py", here / "ranking.py", here / "judging.py"]:
+    for path in (here / "export.py", here / "ranking.py", here / "judging.py"):
         data = path.read_bytes()
         h.update(f"{path.name} {len(data)}\n".encode() + data)
     h.update(repr((release, sorted(specs.items()))).encode())
