@@ -34,7 +34,7 @@ def _tree(root: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture()
+@pytest.fixture
 def board(tmp_path: Path) -> dict[str, Any]:
     database, site = tmp_path / "db.sqlite3", tmp_path / "site"
     sf.fill_many(database, 40, reject_every=13, revoke_every=17)
@@ -42,7 +42,7 @@ def board(tmp_path: Path) -> dict[str, Any]:
     return {"db": database, "site": site, "tmp": tmp_path}
 
 
-@pytest.fixture()
+@pytest.fixture
 def rendered(monkeypatch: pytest.MonkeyPatch) -> set[str]:
     """The pages the next export renders (the others it links from the previous export)."""
     pages: set[str] = set()
@@ -107,9 +107,7 @@ def test_an_export_of_an_unchanged_database_renders_no_page(board: dict[str, Any
     assert report.unchanged == report.files - 1  # all but the manifest: the same files, linked
 
 
-def test_a_rescore_renders_again_its_page_and_the_pages_that_list_it(
-    board: dict[str, Any], rendered: set[str]
-) -> None:
+def test_a_rescore_renders_again_its_page_and_the_pages_that_list_it(board: dict[str, Any], rendered: set[str]) -> None:
     site = board["site"]
     sid = _lowest(site)
     _edit_summary(board["db"], sid, lambda s: s.update(macro_mean=0.123456))  # its ranks do not move
@@ -135,7 +133,7 @@ def test_a_judgement_renders_again_the_pages_of_its_submission(board: dict[str, 
 def test_a_revocation_renders_again_the_pages_whose_inputs_changed(board: dict[str, Any], rendered: set[str]) -> None:
     site = board["site"]
     sid = _lowest(site)
-    before, listed_before = _tree(site), _listing(site, sid)
+    before = _tree(site)
     sf.revoke(board["db"], sid, "operator found a copied controller")
     _again(board, rendered)
     after = _tree(site)

@@ -18,7 +18,9 @@ No JavaScript, relative links only (the site works from any sub-path and from ``
 autoescaped templates, and deterministic output: the same database, code and docs give the same
 bytes (nothing depends on the time of the export; everything is sorted). Rejected submissions never
 appear; revoked ones appear, marked and unranked. The export is built in a sibling folder and
-swapped into place, so a reader never sees a half-written site.
+swapped into place, so a reader never sees a half-written site. Beside the site, ``.DIR.inputs.json``
+keeps each page's input digest (:meth:`Site.inputs_digest`): the next export renders only the
+pages whose inputs changed and links the others (``docs/leaderboard-export.md``).
 """
 
 from __future__ import annotations
@@ -1235,7 +1237,6 @@ def _write_inputs(out: Path, inputs: dict[str, str]) -> None:
     os.replace(tmp, target)
 
 
-
 def _previous(out: Path) -> tuple[Path, dict[str, tuple[str, int]]] | None:
     """The previous export's folder and the files its manifest lists, or None (none, or unreadable:
     then every file is written)."""
@@ -1264,9 +1265,10 @@ def export_site(
 ) -> ExportReport:
     """Render the site for ``database`` into ``out`` (replacing a previous export there).
 
-    A file whose bytes the previous export's manifest lists unchanged is linked from it, not
-    rewritten (its inode and modification time stay), so an export after one new upload rewrites
-    only the pages that changed. ``jobs``: worker processes for the submission pages (default:
+    A page whose inputs are those the previous export rendered it from is not rendered again, and
+    a file whose bytes the previous export's manifest lists unchanged is linked from it, not
+    rewritten (its inode and modification time stay), so an export after one new upload renders
+    and rewrites only the pages that changed. ``jobs``: worker processes for the pages (default:
     the CPUs this process may use, at most 8)."""
     if not db.exists(database):
         raise ExportError(f"no database at {db.location(database)}")
