@@ -729,9 +729,13 @@ class Site:
         self.write(name, data)
         return name
 
-    def page(self, rel: str, template: str, **context: Any) -> None:
+    def page(
+        self, rel: str, template: str, derive: Callable[[], dict[str, Any]] | None = None, **context: Any
+    ) -> None:
         """Render ``template`` into ``rel``, or, when the previous export rendered ``rel`` from the
-        same inputs (:meth:`inputs_digest`), link its file without rendering."""
+        same inputs (:meth:`inputs_digest`), link its file without rendering. ``derive`` adds to the
+        context what is computed from it alone (from its entries and the installed tasks, by this
+        code): not digested, and computed only for a page that is rendered."""
         depth = rel.count("/")
         context = {"root": "../" * depth, "page": rel.rpartition("/")[2], "assets": self.assets, **context}
         key = self.inputs_digest(template, context)
@@ -739,6 +743,8 @@ class Site:
         if self._reuse(rel, key):
             self.pages += 1
             return
+        if derive is not None:
+            context |= derive()
         html = self.env.get_template(template).render(context)
         self.write(rel, html.encode("utf-8"))
         self.pages += 1
@@ -926,6 +932,18 @@ class Site:
         return [lambda n=n, c=c: render(n, c) for n, c in enumerate(pages, start=1)]  # type: ignore[misc]
 
     def _submission(self, e: Entry) -> None:
+        self.page(
+            e.href,
+            "submission.html",
+            derive=lambda: self._submission_context(e),
+            title=f"{e.agent}: submission {e.id}",
+            section="board",
+            site=self.chrome,
+            e=e,
+        )
+
+    def _submission_context(self, e: Entry) -> dict[str, Any]:
+        """What a submission's page shows of its entry, prepared (from the entry and the tasks alone)."""
         s = e.summary
         history = sorted(e.row.get("history") or [], key=lambda h: h["seq"])
         revocation = next((h for h in reversed(history) if h.get("to_level") == "revoked"), None)
@@ -936,23 +954,17 @@ class Site:
             known = task_id in self.tasks and self.tasks[task_id].spec.ref == ref
             tasks.append({**t, "href": f"../tasks/{task_id}.html" if known else None,
                           "title": self.tasks[task_id].spec.title if known else None})  # fmt: skip
-        self.page(
-            e.href,
-            "submission.html",
-            title=f"{e.agent}: submission {e.id}",
-            section="board",
-            site=self.chrome,
-            e=e,
-            s=s,
-            tasks=tasks,
-            history=history,
-            revocation=revocation,
-            notes=e.row.get("reasons") or [],
-            declared=sorted(
+        return {
+            "s": s,
+            "tasks": tasks,
+            "history": history,
+            "revocation": revocation,
+            "notes": e.row.get("reasons") or [],
+            "declared": sorted(
                 ((s.get("agent") or {}).get("declared") or {}).items(),
                 key=lambda kv: (kv[0] not in ("model", "effort"), kv[0] != "model", kv[0]),
             ),
-        )
+        }
 
     def _tasks(self, task_boards: dict[str, tuple[list[Entry], list[Entry]]]) -> list[Callable[[], None]]:
         summaries = []
