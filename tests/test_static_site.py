@@ -492,6 +492,7 @@ def test_submission_page(mix: dict[str, Any]) -> None:
     s = row["summary"]
     html = _read(mix["site"], f"submissions/{sid}.html")
     assert "Not completed</strong>: the agent left no policy artifact at /workspace/policy.json" in html
+    assert "(ended early in the agent phase: <code>agent/no_policy</code>)" in html  # its summary's `ended`
     breakdown = re.search(r'<table class="breakdown">.*?</table>', html, re.S).group(0)  # type: ignore[union-attr]
     for t in s["tasks"]:
         assert f"../tasks/{t['task'].partition('@')[0]}.html" in breakdown

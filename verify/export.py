@@ -85,7 +85,7 @@ SUMMARY_KEYS = (
 )  # fmt: skip
 TASK_KEYS = (
     "task", "genre", "metric", "direction", "measured", "paper_value", "gap", "penalties", "score", "faithful",
-    "final", "episodes", "passed", "pass_rate", "status", "reason", "judgement",
+    "final", "episodes", "passed", "pass_rate", "status", "reason", "judgement", "ended",
 )  # fmt: skip
 
 #: The CSV's columns in order (documented in docs/leaderboard-export.md; a test compares the two).
