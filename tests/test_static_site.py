@@ -721,3 +721,27 @@ def test_an_export_after_one_new_upload_rewrites_only_the_pages_that_changed(tmp
     fresh = export.export_site(database, tmp_path / "fresh", docs_dir=DOCS)  # the result is a fresh export's
     assert fresh.files == report.files
     assert _tree(tmp_path / "fresh") == _tree(site)
+
+
+def test_the_top_chart_draws_each_runs_95_interval(mix: dict[str, Any]) -> None:
+    index = _read(mix["site"], "index.html")
+    charts = dict(re.findall(r'<section class="chart[^"]*" id="top-(\w+)".*?(<svg.*?</svg>)', index, re.S))
+    assert set(charts) == {"score", "pass", "both"}
+    assert "ci-bar" not in charts["pass"]  # a pass rate has no interval
+    cap = catalog.release()[0].cap
+    rows = {r["submission_id"]: r for r in leaderboard_rows(db.all_submissions(mix["db"]), "overall")}
+    for by in ("score", "both"):
+        groups = re.findall(r'<g class="bar-row">(.*?)</g>', charts[by], re.S)
+        assert len(groups) == min(10, sum(1 for r in rows.values() if r["rank"] is not None))
+        for group in groups:
+            name = re.search(r"<title>\d+\. (.*?)[:·]", group).group(1).strip()  # type: ignore[union-attr]
+            whisker = re.search(r'<path class="ci-bar" d="M([\d.]+) [\d.]+H([\d.]+)M', group)
+            title = re.search(r"<title>(.*?)</title>", group, re.S).group(1)  # type: ignore[union-attr]
+            assert whisker is not None, name
+            x1, x2 = float(whisker.group(1)), float(whisker.group(2))
+            assert 230 <= x1 <= x2 <= 230 + 440  # inside the plot (label_w, plot_w)
+            low, high = ((x - 230) / 440 * cap for x in (x1, x2))
+            shown = re.search(r"score [\d.]+ \(95% interval ([\d.]+)–([\d.]+)\)", title)
+            assert shown is not None, title  # the accessible text says it too
+            assert abs(float(shown.group(1)) - low) < 0.002 + cap / 440
+            assert abs(float(shown.group(2)) - high) < 0.002 + cap / 440

@@ -533,14 +533,26 @@ def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: flo
         for j, which in enumerate(series):
             value = e.scores[category] if which == "score" else e.pass_rates[category]
             width = plot_w * max(0.0, min(scale_max, value or 0.0)) / scale_max
+            y = round(y0 + j * (bar_h + 2), 2)
+            bounds = e.intervals[category] if which == "score" else None  # a pass rate has no interval
+            ci = None
+            if bounds is not None:
+                x1, x2 = (round(label_w + plot_w * max(0.0, min(scale_max, b)) / scale_max, 2) for b in bounds)
+                ci = {
+                    "x1": x1,
+                    "x2": x2,
+                    "y": round(y + bar_h / 2, 2),
+                    "text": f"{fmt_score(bounds[0])}–{fmt_score(bounds[1])}",
+                }
             group.append(
                 {
                     "kind": which,
-                    "y": round(y0 + j * (bar_h + 2), 2),
+                    "y": y,
                     "w": round(width, 2),
                     "h": bar_h,
                     "label": fmt_score(value) if which == "score" else fmt_rate(value),
-                    "tx": round(label_w + width + 6, 2),
+                    "tx": round(max(label_w + width, ci["x2"] if ci else 0.0) + 6, 2),
+                    "ci": ci,  # the score's 95% interval: a line across the bar's end
                 }
             )
         sub = " · ".join(x for x in (e.model, e.effort) if x) or "model not declared"
@@ -729,9 +741,7 @@ class Site:
         self.write(name, data)
         return name
 
-    def page(
-        self, rel: str, template: str, derive: Callable[[], dict[str, Any]] | None = None, **context: Any
-    ) -> None:
+    def page(self, rel: str, template: str, derive: Callable[[], dict[str, Any]] | None = None, **context: Any) -> None:
         """Render ``template`` into ``rel``, or, when the previous export rendered ``rel`` from the
         same inputs (:meth:`inputs_digest`), link its file without rendering. ``derive`` adds to the
         context what is computed from it alone (from its entries and the installed tasks, by this
