@@ -671,6 +671,7 @@ class Site:
             trim_blocks=True,
             lstrip_blocks=True,
             keep_trailing_newline=True,
+            auto_reload=False,  # loaded once per export: no stat of the template per page
         )
         self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES)
         # a level's badge, rendered once by its macro: every page shows several
@@ -755,7 +756,7 @@ class Site:
             return
         if derive is not None:
             context |= derive()
-        html = self.env.get_template(template).render(context)
+        html = self.env.get_template(template).render(context)  # cached: auto_reload is off
         self.write(rel, html.encode("utf-8"))
         self.pages += 1
         self.rendered += 1
@@ -1172,8 +1173,9 @@ def _context_value(value: Any) -> Any:
     return _json_fallback(value)
 
 
-#: an entry's row, canonical: keys sorted, any key type (the JSON of a page's inputs, not a file's)
-_ORJSON = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+#: an entry's row as the database gave it (its members in the stored order: the same row, the same
+#: bytes), any key type; the JSON of a page's inputs, not a file's
+_ORJSON = orjson.OPT_NON_STR_KEYS
 
 
 def _json_fallback(value: Any) -> Any:
