@@ -18,6 +18,7 @@ import json
 import math
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 import urllib.error
@@ -745,3 +746,15 @@ def test_the_top_chart_draws_each_runs_95_interval(mix: dict[str, Any]) -> None:
             assert shown is not None, title  # the accessible text says it too
             assert abs(float(shown.group(1)) - low) < 0.002 + cap / 440
             assert abs(float(shown.group(2)) - high) < 0.002 + cap / 440
+
+
+def test_the_export_reads_the_accepted_submissions_as_the_database_gives_them(tmp_path: Path) -> None:
+    database = tmp_path / "db.sqlite3"
+    sf.fill_many(database, 30, reject_every=7, revoke_every=11)
+    with sqlite3.connect(database) as c:  # a summary only Python's json reads (orjson refuses NaN)
+        (sid,) = c.execute("SELECT id FROM submissions WHERE status = 'accepted' LIMIT 1").fetchone()
+        nan = """replace(summary, '"macro_mean": ', '"macro_mean": NaN, "x": ')"""
+        c.execute(f"UPDATE submissions SET summary = {nan} WHERE id = ?", [sid])
+    every = [r for r in db.all_submissions(database) if r["status"] == "accepted"]
+    assert json.dumps(export.accepted_submissions(database)) == json.dumps(every)
+    assert any(math.isnan(r["summary"]["macro_mean"]) for r in every if r["id"] == sid)
