@@ -535,7 +535,7 @@ def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: flo
             width = plot_w * max(0.0, min(scale_max, value or 0.0)) / scale_max
             y = round(y0 + j * (bar_h + 2), 2)
             bounds = e.intervals[category] if which == "score" else None  # a pass rate has no interval
-            ci = None
+            ci: dict[str, Any] | None = None
             if bounds is not None:
                 x1, x2 = (round(label_w + plot_w * max(0.0, min(scale_max, b)) / scale_max, 2) for b in bounds)
                 ci = {
@@ -551,7 +551,7 @@ def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: flo
                     "w": round(width, 2),
                     "h": bar_h,
                     "label": fmt_score(value) if which == "score" else fmt_rate(value),
-                    "tx": round(max(label_w + width, ci["x2"] if ci else 0.0) + 6, 2),
+                    "tx": round(max(label_w + width, float(ci["x2"]) if ci else 0.0) + 6, 2),
                     "ci": ci,  # the score's 95% interval: a line across the bar's end
                 }
             )
