@@ -758,3 +758,21 @@ def test_the_export_reads_the_accepted_submissions_as_the_database_gives_them(tm
     every = [r for r in db.all_submissions(database) if r["status"] == "accepted"]
     assert json.dumps(export.accepted_submissions(database)) == json.dumps(every)
     assert any(math.isnan(r["summary"]["macro_mean"]) for r in every if r["id"] == sid)
+
+
+def test_the_audit_summary_keeps_how_a_task_ended_early() -> None:
+    outcomes = [
+        sf.Outcome(sf.REFS[0], quality=1.0),
+        sf.Outcome(
+            sf.REFS[1], reason="the official evaluation passed its deadline", ended=("official", "evaluation/deadline")
+        ),
+        sf.Outcome(sf.REFS[2], reason="an older harness: no ended"),
+    ]
+    summary = sf.make_summary(key="ended", outcomes=outcomes, agent="a", model=None, effort=None,
+                              started=sf.BASE_TIME, duration_s=60)  # fmt: skip
+    ended = {t["task"]: t.get("ended", "absent") for t in summary["tasks"]}
+    assert ended == {
+        sf.REFS[0]: "absent",  # a completed task's score document has no `ended`
+        sf.REFS[1]: {"phase": "official", "category": "evaluation/deadline"},
+        sf.REFS[2]: None,
+    }
