@@ -54,6 +54,7 @@ from ale.core.faithfulness import Credit
 from ale.core.parse import structure
 from ale.core.results import (
     TASK_RESULTS_SCHEMA,
+    Ended,
     RunScore,
     TaskResult,
     TaskResults,
@@ -109,6 +110,7 @@ class Outcome:
     aborted: int = 0  # episodes that did not pass
     missing_safety: bool = False  # a declared safety metric absent from the results (factor 0)
     reason: str | None = None  # set: not completed, for this reason
+    ended: tuple[str, str] | None = None  # a not completed task's (phase, category) (docs/formats.md)
     spread: float = 0.3  # the synthetic episodes' headline values: measured * (1 +- spread / 2), mean measured
 
 
@@ -154,6 +156,7 @@ def make_summary(
                 reason=o.reason
                 or ("" if not o.aborted else f"{o.aborted} of {spec.official_episodes} episodes were aborted"),
                 result=None,  # audit_summary reads no result; the scores below stand for it
+                ended=None if o.ended is None else Ended(*o.ended),
             )
         )
         if o.reason is not None:
@@ -494,7 +497,8 @@ def fill_mix(path: Path) -> dict[str, Any]:
     add("unjudged", [Outcome(r, quality=1.0, faithful=None if r in REPRODUCTION else True) for r in REFS],
         "Aider Robotics", "claude-opus-4.5", "low")  # fmt: skip
     add("not_completed", [Outcome(REFS[0], quality=0.9), Outcome(REFS[1], reason="the agent left no policy "
-        "artifact at /workspace/policy.json"), *[Outcome(r, quality=0.6, aborted=3) for r in REFS[2:]]],
+        "artifact at /workspace/policy.json", ended=("agent", "agent/no_policy")),
+        *[Outcome(r, quality=0.6, aborted=3) for r in REFS[2:]]],
         "Mini-SWE", "claude-sonnet-4.5", "medium")  # fmt: skip
     add("nothing_covered", [Outcome(r, reason="the official evaluation did not complete") for r in REFS],
         "random", None, None, duration_s=60.0)  # fmt: skip

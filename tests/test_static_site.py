@@ -18,6 +18,7 @@ import json
 import math
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 import urllib.error
@@ -113,11 +114,12 @@ def test_cli_export_site_writes_replaces_and_refuses(tmp_path: Path, monkeypatch
     assert (out / "index.html").is_file()
     assert (out / export.MANIFEST).is_file()
     assert oct(out.stat().st_mode & 0o777) == "0o755"
-    # A re-export replaces the folder as a whole: stale files go, nothing is left beside it.
+    # A re-export replaces the folder as a whole: stale files go, nothing is left beside it but
+    # the pages' input digests (unpublished: the next export's cache).
     (out / "stale.html").write_text("old")
     assert cli.main(["export-site", str(out), "--page-size", "5", "--top-n", "3"]) == 0
     assert not (out / "stale.html").exists()
-    assert sorted(p.name for p in out.parent.iterdir()) == ["board"]
+    assert sorted(p.name for p in out.parent.iterdir()) == [".board.inputs.json", "board"]
     # Never over a folder that is not a previous export, and never without a database.
     foreign = tmp_path / "foreign"
     foreign.mkdir()
@@ -144,7 +146,8 @@ def test_failed_export_leaves_the_previous_site(tmp_path: Path, monkeypatch: pyt
     with pytest.raises(RuntimeError, match="disk full"):
         _export(database, out)
     assert _tree(out) == before
-    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("db.")) == ["site"]  # no stage left
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith("db.")) == [".site.inputs.json", "site"]
+    assert export._previous_inputs(out)  # no stage left, and the previous site's input digests still apply
 
 
 # -- none, one, many ---------------------------------------------------------------------------
@@ -490,6 +493,7 @@ def test_submission_page(mix: dict[str, Any]) -> None:
     s = row["summary"]
     html = _read(mix["site"], f"submissions/{sid}.html")
     assert "Not completed</strong>: the agent left no policy artifact at /workspace/policy.json" in html
+    assert "(ended early in the agent phase: <code>agent/no_policy</code>)" in html  # its summary's `ended`
     breakdown = re.search(r'<table class="breakdown">.*?</table>', html, re.S).group(0)  # type: ignore[union-attr]
     for t in s["tasks"]:
         assert f"../tasks/{t['task'].partition('@')[0]}.html" in breakdown
@@ -718,3 +722,57 @@ def test_an_export_after_one_new_upload_rewrites_only_the_pages_that_changed(tmp
     fresh = export.export_site(database, tmp_path / "fresh", docs_dir=DOCS)  # the result is a fresh export's
     assert fresh.files == report.files
     assert _tree(tmp_path / "fresh") == _tree(site)
+
+
+def test_the_top_chart_draws_each_runs_95_interval(mix: dict[str, Any]) -> None:
+    index = _read(mix["site"], "index.html")
+    charts = dict(re.findall(r'<section class="chart[^"]*" id="top-(\w+)".*?(<svg.*?</svg>)', index, re.S))
+    assert set(charts) == {"score", "pass", "both"}
+    assert "ci-bar" not in charts["pass"]  # a pass rate has no interval
+    cap = catalog.release()[0].cap
+    rows = {r["submission_id"]: r for r in leaderboard_rows(db.all_submissions(mix["db"]), "overall")}
+    for by in ("score", "both"):
+        groups = re.findall(r'<g class="bar-row">(.*?)</g>', charts[by], re.S)
+        assert len(groups) == min(10, sum(1 for r in rows.values() if r["rank"] is not None))
+        for group in groups:
+            name = re.search(r"<title>\d+\. (.*?)[:·]", group).group(1).strip()  # type: ignore[union-attr]
+            whisker = re.search(r'<path class="ci-bar" d="M([\d.]+) [\d.]+H([\d.]+)M', group)
+            title = re.search(r"<title>(.*?)</title>", group, re.S).group(1)  # type: ignore[union-attr]
+            assert whisker is not None, name
+            x1, x2 = float(whisker.group(1)), float(whisker.group(2))
+            assert 230 <= x1 <= x2 <= 230 + 440  # inside the plot (label_w, plot_w)
+            low, high = ((x - 230) / 440 * cap for x in (x1, x2))
+            shown = re.search(r"score [\d.]+ \(95% interval ([\d.]+)–([\d.]+)\)", title)
+            assert shown is not None, title  # the accessible text says it too
+            assert abs(float(shown.group(1)) - low) < 0.002 + cap / 440
+            assert abs(float(shown.group(2)) - high) < 0.002 + cap / 440
+
+
+def test_the_export_reads_the_accepted_submissions_as_the_database_gives_them(tmp_path: Path) -> None:
+    database = tmp_path / "db.sqlite3"
+    sf.fill_many(database, 30, reject_every=7, revoke_every=11)
+    with sqlite3.connect(database) as c:  # a summary only Python's json reads (orjson refuses NaN)
+        (sid,) = c.execute("SELECT id FROM submissions WHERE status = 'accepted' LIMIT 1").fetchone()
+        nan = """replace(summary, '"macro_mean": ', '"macro_mean": NaN, "x": ')"""
+        c.execute(f"UPDATE submissions SET summary = {nan} WHERE id = ?", [sid])
+    every = [r for r in db.all_submissions(database) if r["status"] == "accepted"]
+    assert json.dumps(export.accepted_submissions(database)) == json.dumps(every)
+    assert any(math.isnan(r["summary"]["macro_mean"]) for r in every if r["id"] == sid)
+
+
+def test_the_audit_summary_keeps_how_a_task_ended_early() -> None:
+    outcomes = [
+        sf.Outcome(sf.REFS[0], quality=1.0),
+        sf.Outcome(
+            sf.REFS[1], reason="the official evaluation passed its deadline", ended=("official", "evaluation/deadline")
+        ),
+        sf.Outcome(sf.REFS[2], reason="an older harness: no ended"),
+    ]
+    summary = sf.make_summary(key="ended", outcomes=outcomes, agent="a", model=None, effort=None,
+                              started=sf.BASE_TIME, duration_s=60)  # fmt: skip
+    ended = {t["task"]: t.get("ended", "absent") for t in summary["tasks"]}
+    assert ended == {
+        sf.REFS[0]: "absent",  # a completed task's score document has no `ended`
+        sf.REFS[1]: {"phase": "official", "category": "evaluation/deadline"},
+        sf.REFS[2]: None,
+    }

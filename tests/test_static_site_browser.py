@@ -155,6 +155,17 @@ def test_chart_variants_switch_without_javascript(served: dict[str, Any]) -> Non
             svg = driver.find_element("css selector", f"#top-{variant} svg")
             assert svg.get_attribute("role") == "img"
             assert svg.size["height"] > 200
+            # each score bar draws its run's 95% interval, inside the chart; a pass rate has none
+            whiskers = svg.find_elements("css selector", "path.ci-bar")
+            assert len(whiskers) == (
+                0 if variant == "pass" else len(svg.find_elements("css selector", "rect.bar-score"))
+            )
+            box = svg.rect
+            for w in whiskers:
+                r = w.rect
+                assert r["height"] >= 7
+                assert box["x"] <= r["x"]
+                assert r["x"] + r["width"] <= box["x"] + box["width"] + 1
         driver.find_element("link text", "Reproduction").click()  # plain links: no script needed
         assert driver.current_url == base + "reproduction.html"
         assert _console_errors(driver) == []

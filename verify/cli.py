@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--jobs",
         type=int,
         default=None,
-        help="worker processes for the submission pages (default: the CPUs, up to 8)",
+        help="worker processes for the pages (default: the CPUs, up to 8)",
     )
     site.add_argument(
         "--every",

@@ -1,6 +1,6 @@
 """``ale-verify export-site DIR``: the static leaderboard, rendered with Jinja into plain files for a CDN.
 
-The export reads the verifier's database (:func:`ale_verify.db.all_submissions`), the installed
+The export reads the verifier's database (:func:`accepted_submissions`), the installed
 tasks and release manifest, and the project's docs, and writes:
 
 * ``index.html`` / ``reproduction.html`` / ``open.html``: the board's three tabs (Overall,
@@ -18,12 +18,15 @@ No JavaScript, relative links only (the site works from any sub-path and from ``
 autoescaped templates, and deterministic output: the same database, code and docs give the same
 bytes (nothing depends on the time of the export; everything is sorted). Rejected submissions never
 appear; revoked ones appear, marked and unranked. The export is built in a sibling folder and
-swapped into place, so a reader never sees a half-written site.
+swapped into place, so a reader never sees a half-written site. Beside the site, ``.DIR.inputs.json``
+keeps each page's input digest (:meth:`Site.inputs_digest`): the next export renders only the
+pages whose inputs changed and links the others (``docs/leaderboard-export.md``).
 """
 
 from __future__ import annotations
 
 import csv
+import gc
 import hashlib
 import io
 import json
@@ -45,6 +48,8 @@ from typing import Any
 
 import attrs
 import jinja2
+import jinja2.meta
+import orjson
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from markupsafe import Markup
@@ -80,7 +85,7 @@ SUMMARY_KEYS = (
 )  # fmt: skip
 TASK_KEYS = (
     "task", "genre", "metric", "direction", "measured", "paper_value", "gap", "penalties", "score", "faithful",
-    "final", "episodes", "passed", "pass_rate", "status", "reason", "judgement",
+    "final", "episodes", "passed", "pass_rate", "status", "reason", "judgement", "ended",
 )  # fmt: skip
 
 #: The CSV's columns in order (documented in docs/leaderboard-export.md; a test compares the two).
@@ -113,6 +118,7 @@ class ExportReport:
     submissions: int  # accepted submissions with a page (revoked included)
     ranked: int  # rows ranked on the Overall tab
     unchanged: int = 0  # files the previous export had with the same bytes: linked, not rewritten
+    rendered: int = 0  # pages rendered (the others were rendered from the same inputs before: linked)
 
 
 # -- where the templates and docs are ----------------------------------------------------------
@@ -216,7 +222,7 @@ def _parse_time(text: Any) -> float | None:
 # -- the data model ---------------------------------------------------------------------------
 
 
-@attrs.define
+@attrs.define(repr=False)
 class Entry:
     """One accepted submission, as every page and export sees it."""
 
@@ -240,6 +246,25 @@ class Entry:
     task_ranks: dict[str, int] = attrs.Factory(dict)  # task ref -> rank on the task's page
     #: each completed reproduction task's judgement (ale_verify.judging.task_judgement)
     judgements: dict[str, dict[str, Any]] = attrs.Factory(dict)
+    _fingerprint: str | None = attrs.field(default=None, init=False)
+    _results: dict[str, dict[str, Any]] | None = attrs.field(default=None, init=False)
+    #: the board shows these on every row of the entry: sorted once
+    _states: dict[str, tuple[str, ...]] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._states = {state: self.in_state(state) for state in ("unjudged", "judging_pending")}
+
+    def fingerprint(self) -> str:
+        """A digest of everything a page can show of this entry: its database row (every other
+        member is derived from it and the installed tasks, which the code digest covers) and its
+        ranks. Computed once, after the ranks are set."""
+        if self._fingerprint is None:
+            raw = orjson.dumps([self.row, self.ranks, self.task_ranks], default=_json_fallback, option=_ORJSON)
+            self._fingerprint = hashlib.sha256(raw).hexdigest()
+        return self._fingerprint
+
+    def __repr__(self) -> str:
+        return f"Entry({self.id!r})"
 
     def in_state(self, state: str) -> tuple[str, ...]:
         """The completed reproduction tasks whose judgement is in ``state`` (judging.STATES), sorted."""
@@ -248,12 +273,21 @@ class Entry:
     @property
     def unjudged(self) -> tuple[str, ...]:
         """Without a credited verdict (final 0)."""
-        return self.in_state("unjudged")
+        return self._states["unjudged"]
 
     @property
     def pending(self) -> tuple[str, ...]:
         """Waiting for the verifier's judge (final 0 until it answers)."""
-        return self.in_state("judging_pending")
+        return self._states["judging_pending"]
+
+    @property
+    def results(self) -> dict[str, dict[str, Any]]:
+        """Each task's record in the summary by its ref (the first, should one repeat)."""
+        if self._results is None:
+            self._results = {}
+            for t in self.summary["tasks"]:
+                self._results.setdefault(t["task"], t)
+        return self._results
 
     @property
     def revoked(self) -> bool:
@@ -499,14 +533,26 @@ def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: flo
         for j, which in enumerate(series):
             value = e.scores[category] if which == "score" else e.pass_rates[category]
             width = plot_w * max(0.0, min(scale_max, value or 0.0)) / scale_max
+            y = round(y0 + j * (bar_h + 2), 2)
+            bounds = e.intervals[category] if which == "score" else None  # a pass rate has no interval
+            ci: dict[str, Any] | None = None
+            if bounds is not None:
+                x1, x2 = (round(label_w + plot_w * max(0.0, min(scale_max, b)) / scale_max, 2) for b in bounds)
+                ci = {
+                    "x1": x1,
+                    "x2": x2,
+                    "y": round(y + bar_h / 2, 2),
+                    "text": f"{fmt_score(bounds[0])}–{fmt_score(bounds[1])}",
+                }
             group.append(
                 {
                     "kind": which,
-                    "y": round(y0 + j * (bar_h + 2), 2),
+                    "y": y,
                     "w": round(width, 2),
                     "h": bar_h,
                     "label": fmt_score(value) if which == "score" else fmt_rate(value),
-                    "tx": round(label_w + width + 6, 2),
+                    "tx": round(max(label_w + width, float(ci["x2"]) if ci else 0.0) + 6, 2),
+                    "ci": ci,  # the score's 95% interval: a line across the bar's end
                 }
             )
         sub = " · ".join(x for x in (e.model, e.effort) if x) or "model not declared"
@@ -596,6 +642,7 @@ class Site:
         page_size: int,
         top_n: int,
         previous: tuple[Path, dict[str, tuple[str, int]]] | None = None,
+        previous_inputs: dict[str, str] | None = None,
         jobs: int = 1,
     ) -> None:
         if page_size < 1 or top_n < 1 or jobs < 1:
@@ -604,6 +651,10 @@ class Site:
         self.previous = previous  # the previous export's folder and its manifest's files
         self.jobs = jobs
         self.unchanged = 0
+        self.rendered = 0
+        #: each page's input digest (Site.inputs_digest), and the previous export's
+        self.inputs: dict[str, str] = {}
+        self.previous_inputs = previous_inputs or {}
         self.page_size = page_size
         self.top_n = top_n
         self.docs_dir = docs_dir
@@ -620,8 +671,14 @@ class Site:
             trim_blocks=True,
             lstrip_blocks=True,
             keep_trailing_newline=True,
+            auto_reload=False,  # loaded once per export: no stat of the template per page
         )
         self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES)
+        # a level's badge, rendered once by its macro: every page shows several
+        self.env.globals["badges"] = {
+            level: self.env.get_template("macros.html").module.badge(level)  # type: ignore[attr-defined]
+            for level in LEVEL_INFO
+        }
         self.env.filters.update(
             score=fmt_score, ci=fmt_ci, rate=fmt_rate, value=fmt_value, duration=fmt_duration, tokens=fmt_tokens,
             int=fmt_int, date=fmt_date, datetime=fmt_datetime,
@@ -642,23 +699,31 @@ class Site:
                 if re.fullmatch(r"[a-z0-9][a-z0-9_-]*", path.stem) and path.stem != "index":
                     self.docs[path.stem] = path
         self.markdown = Markdown(self._resolve)
+        self.code_digest = _code_digest(self.release, self.specs)
+        self._template_digests: dict[str, bytes] = {}
 
     # files
 
-    def write(self, rel: str, data: bytes) -> None:
+    def _folder(self, rel: str) -> None:
+        """Refuse a path outside the site; make its folder."""
         if rel.startswith("/") or ".." in rel.split("/"):
             raise ExportError(f"refusing to write outside the site: {rel}")
         folder, _, _ = rel.rpartition("/")
         if folder not in self._folders:
             (self.out / folder).mkdir(parents=True, exist_ok=True)
             self._folders.add(folder)
+
+    def write(self, rel: str, data: bytes) -> None:
+        self._folder(rel)
         entry = (hashlib.sha256(data).hexdigest(), len(data))
         self.files[rel] = entry
         if self.previous is not None and self.previous[1].get(rel) == entry and rel != MANIFEST:
-            try:  # the same bytes as the previous export's: that file, not a rewrite
-                os.link(self.previous[0] / rel, self.out / rel)
-                self.unchanged += 1
-                return
+            try:  # the same bytes as the previous export's file: that file, not a rewrite
+                source = self.previous[0] / rel
+                if source.read_bytes() == data:
+                    os.link(source, self.out / rel)
+                    self.unchanged += 1
+                    return
             except OSError:
                 pass  # gone, or another filesystem: write it
         # os.open and one write: a pathlib write_bytes costs several times as much per file, and
@@ -677,17 +742,80 @@ class Site:
         self.write(name, data)
         return name
 
-    def page(self, rel: str, template: str, **context: Any) -> None:
+    def page(self, rel: str, template: str, derive: Callable[[], dict[str, Any]] | None = None, **context: Any) -> None:
+        """Render ``template`` into ``rel``, or, when the previous export rendered ``rel`` from the
+        same inputs (:meth:`inputs_digest`), link its file without rendering. ``derive`` adds to the
+        context what is computed from it alone (from its entries and the installed tasks, by this
+        code): not digested, and computed only for a page that is rendered."""
         depth = rel.count("/")
-        html = self.env.get_template(template).render(
-            root="../" * depth,
-            page=rel.rpartition("/")[2],
-            assets=self.assets,
-            site=self.context,
-            **context,
-        )
+        context = {"root": "../" * depth, "page": rel.rpartition("/")[2], "assets": self.assets, **context}
+        key = self.inputs_digest(template, context)
+        self.inputs[rel] = key
+        if self._reuse(rel, key):
+            self.pages += 1
+            return
+        if derive is not None:
+            context |= derive()
+        html = self.env.get_template(template).render(context)  # cached: auto_reload is off
         self.write(rel, html.encode("utf-8"))
         self.pages += 1
+        self.rendered += 1
+
+    def inputs_digest(self, template: str, context: dict[str, Any]) -> str:
+        """SHA-256 of everything a page is rendered from: the code (:attr:`code_digest`: exporter,
+        installed tasks and release), the template with every template it uses
+        (:meth:`template_digest`), and the page's context (each entry by :meth:`Entry.fingerprint`).
+        A context holding anything else than JSON values, entries and attrs models fails here
+        rather than be digested by a lossy stand-in."""
+        try:
+            raw = orjson.dumps([template, context], default=_context_value, option=orjson.OPT_NON_STR_KEYS)
+        except orjson.JSONEncodeError as exc:
+            raise ExportError(f"a page of {template}: {exc.__cause__ or exc}") from exc
+        return hashlib.sha256(self.code_digest + self.template_digest(template) + raw).hexdigest()
+
+    def template_digest(self, name: str) -> bytes:
+        """SHA-256 of a template's source and of every template it extends, includes or imports."""
+        if name not in self._template_digests:
+            loader = self.env.loader
+            assert loader is not None
+            h = hashlib.sha256()
+            seen: set[str] = set()
+            todo = [name, "macros.html"]  # the badges (env.globals) are rendered by macros.html
+            while todo:
+                current = todo.pop()
+                if current in seen:
+                    continue
+                seen.add(current)
+                source, _, _ = loader.get_source(self.env, current)
+                h.update(f"{current} {len(source)}\n{source}".encode())
+                referenced = jinja2.meta.find_referenced_templates(self.env.parse(source))
+                for ref in referenced:
+                    if ref is None:  # a name computed at render time: every template, to be safe
+                        todo += self.env.list_templates()
+                    else:
+                        todo.append(ref)
+            self._template_digests[name] = h.digest()
+        return self._template_digests[name]
+
+    def _reuse(self, rel: str, key: str) -> bool:
+        """Link the previous export's ``rel`` when it was rendered from the inputs ``key``."""
+        if self.previous is None or self.previous_inputs.get(rel) != key:
+            return False
+        listed = self.previous[1].get(rel)
+        if listed is None:
+            return False
+        source = self.previous[0] / rel
+        try:
+            with open(source, "rb") as fh:
+                if hashlib.file_digest(fh, "sha256").hexdigest() != listed[0]:
+                    return False  # changed since the manifest was written: render it
+            self._folder(rel)
+            os.link(source, self.out / rel)
+        except OSError:
+            return False  # gone, or another filesystem: render it
+        self.files[rel] = listed
+        self.unchanged += 1
+        return True
 
     def _resolve(self, source_dir: str, path: str) -> str | None:
         """Where a link of a markdown document (repository path) lives in the site."""
@@ -721,24 +849,27 @@ class Site:
             for e in ranked:
                 e.task_ranks[ref] = ranks[e.id]
             task_boards[ref] = (ranked, revoked)
-        self.context = {
+        # what the page chrome (base.html) shows; the board adds its counts (not every page's input)
+        self.chrome = {
             "version": __version__,
             "release": self.release.release,
+            "export_doc": "leaderboard-export" in self.docs,
+        }
+        self.board_site = self.chrome | {
             "submissions": len(entries),
             "latest": max((e.received_at for e in entries), default=None),
-            "docs": bool(self.docs),
-            "export_doc": "leaderboard-export" in self.docs,
             "cap": fmt_value(self.release.cap),
         }
+        work: list[Callable[[], None]] = [lambda: self._exports(entries, boards)]
         unscored = [e for e in entries if e.scores["overall"] is None]
         for category, label, first, stem in CATEGORIES:
-            self._board(
+            work += self._board(
                 category, label, first, stem, *boards[category], unscored=unscored if category == "overall" else []
             )
-        self._submissions(entries, boards)
-        self._tasks(task_boards)
-        self._docs()
-        self._exports(entries, boards)
+        work += self._tasks(task_boards)
+        work += self._docs()
+        work += [lambda e=e: self._submission(e) for e in entries]  # type: ignore[misc]
+        self._run(work)
         self._manifest()
         return ExportReport(
             directory=self.out,
@@ -748,34 +879,41 @@ class Site:
             submissions=len(entries),
             ranked=len(boards["overall"][0]),
             unchanged=self.unchanged,
+            rendered=self.rendered,
         )
 
-    def _submissions(self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
-        """A page per submission: in ``jobs`` forked worker processes when there are many (each
-        renders and writes a slice; the parent keeps their file list, in the same order)."""
-        if self.jobs == 1 or len(entries) < PARALLEL_FROM:
-            for e in entries:
-                self._submission(e, boards)
+    def _run(self, work: list[Callable[[], None]]) -> None:
+        """Run every item of ``work`` (each renders pages or writes files): in ``jobs`` forked
+        worker processes when there are many. Each worker runs chunks of consecutive items and
+        sends back only what the manifest needs (the files it wrote, its counts); the items and
+        everything they read are inherited from this process, never pickled."""
+        if self.jobs == 1 or len(work) < PARALLEL_FROM:
+            for item in work:
+                item()
             return
-        (self.out / "submissions").mkdir(exist_ok=True)
-        self._folders.add("submissions")
+        for folder in ("submissions", "tasks", "docs"):
+            self._folder(f"{folder}/x")
         global _WORK
-        _WORK = (self, entries, boards)
-        step = -(-len(entries) // self.jobs)
-        slices = [(i, min(i + step, len(entries))) for i in range(0, len(entries), step)]
+        _WORK = (self, work)
+        step = max(1, len(work) // (self.jobs * 8))
+        chunks = [(i, min(i + step, len(work))) for i in range(0, len(work), step)]
+        gc.freeze()  # the forked workers share this process's objects without touching them
         try:
-            with ProcessPoolExecutor(len(slices), mp_context=multiprocessing.get_context("fork")) as pool:
-                for files, unchanged in pool.map(_render_slice, slices):
+            with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+                for files, inputs, pages, unchanged, rendered in pool.map(_run_chunk, chunks):
                     self.files.update(files)
-                    self.pages += len(files)
+                    self.inputs.update(inputs)
+                    self.pages += pages
                     self.unchanged += unchanged
+                    self.rendered += rendered
         finally:
             _WORK = None
+            gc.unfreeze()
 
     def _board(
         self, category: str, label: str, first: str, stem: str, ranked: list[Entry], revoked: list[Entry],
         *, unscored: list[Entry],
-    ) -> None:  # fmt: skip
+    ) -> list[Callable[[], None]]:  # fmt: skip
         rows = ranked + revoked
         pages = _pages(rows, self.page_size)
         charts = (
@@ -783,12 +921,14 @@ class Site:
             if ranked
             else []
         )
-        for number, chunk in enumerate(pages, start=1):
+
+        def render(number: int, chunk: Sequence[Entry]) -> None:
             self.page(
                 _page_name(first, stem, number),
                 "board.html",
                 title=f"{label} leaderboard" + (f" (page {number})" if number > 1 else ""),
                 section="board",
+                site=self.board_site,
                 category=category,
                 label=label,
                 rows=chunk,
@@ -800,7 +940,21 @@ class Site:
                 first_rank=(number - 1) * self.page_size + 1,
             )
 
-    def _submission(self, e: Entry, boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
+        return [lambda n=n, c=c: render(n, c) for n, c in enumerate(pages, start=1)]  # type: ignore[misc]
+
+    def _submission(self, e: Entry) -> None:
+        self.page(
+            e.href,
+            "submission.html",
+            derive=lambda: self._submission_context(e),
+            title=f"{e.agent}: submission {e.id}",
+            section="board",
+            site=self.chrome,
+            e=e,
+        )
+
+    def _submission_context(self, e: Entry) -> dict[str, Any]:
+        """What a submission's page shows of its entry, prepared (from the entry and the tasks alone)."""
         s = e.summary
         history = sorted(e.row.get("history") or [], key=lambda h: h["seq"])
         revocation = next((h for h in reversed(history) if h.get("to_level") == "revoked"), None)
@@ -811,25 +965,21 @@ class Site:
             known = task_id in self.tasks and self.tasks[task_id].spec.ref == ref
             tasks.append({**t, "href": f"../tasks/{task_id}.html" if known else None,
                           "title": self.tasks[task_id].spec.title if known else None})  # fmt: skip
-        self.page(
-            e.href,
-            "submission.html",
-            title=f"{e.agent}: submission {e.id}",
-            section="board",
-            e=e,
-            s=s,
-            tasks=tasks,
-            history=history,
-            revocation=revocation,
-            notes=e.row.get("reasons") or [],
-            declared=sorted(
+        return {
+            "s": s,
+            "tasks": tasks,
+            "history": history,
+            "revocation": revocation,
+            "notes": e.row.get("reasons") or [],
+            "declared": sorted(
                 ((s.get("agent") or {}).get("declared") or {}).items(),
                 key=lambda kv: (kv[0] not in ("model", "effort"), kv[0] != "model", kv[0]),
             ),
-        )
+        }
 
-    def _tasks(self, task_boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
+    def _tasks(self, task_boards: dict[str, tuple[list[Entry], list[Entry]]]) -> list[Callable[[], None]]:
         summaries = []
+        work: list[Callable[[], None]] = []
         for task_id, task in sorted(self.tasks.items()):
             spec = task.spec
             target = self.release.tasks.get(spec.ref)
@@ -849,47 +999,62 @@ class Site:
                 "best": ranked[0] if ranked else None,
             }
             summaries.append(info)
-            rows = ranked + revoked
-            pages = _pages(rows, self.page_size)
-            for number, chunk in enumerate(pages, start=1):
+            pages = _pages(ranked + revoked, self.page_size)
+
+            def render(
+                number: int, chunk: Sequence[Entry], task_id: str = task_id, info: dict[str, Any] = info,
+                summary_html: Markup = summary_html, paper_html: Markup = paper_html,
+                count: int = len(pages), ranked_count: int = len(ranked),
+            ) -> None:  # fmt: skip
                 self.page(
                     _page_name(f"tasks/{task_id}.html", task_id, number),
                     "task.html",
-                    title=spec.title + (f" (page {number})" if number > 1 else ""),
+                    title=info["spec"].title + (f" (page {number})" if number > 1 else ""),
                     section="tasks",
+                    site=self.chrome,
                     task=info,
                     summary_html=summary_html,
                     paper_html=paper_html,
                     rows=chunk,
-                    ranked_count=len(ranked),
-                    paging=_pager(f"tasks/{task_id}.html", task_id, number, len(pages)),
+                    ranked_count=ranked_count,
+                    paging=_pager(f"tasks/{task_id}.html", task_id, number, count),
                     first_rank=(number - 1) * self.page_size + 1,
                     cap=self.release.cap,
                 )
-        self.page("tasks/index.html", "tasks.html", title="Tasks", section="tasks", tasks=summaries)
 
-    def _docs(self) -> None:
+            work += [lambda n=n, c=c, r=render: r(n, c) for n, c in enumerate(pages, start=1)]  # type: ignore[misc]
+        work.append(lambda: self.page("tasks/index.html", "tasks.html", title="Tasks", section="tasks",
+                                      site=self.chrome, tasks=summaries))  # fmt: skip
+        return work
+
+    def _docs(self) -> list[Callable[[], None]]:
+        work: list[Callable[[], None]] = []
         listing = []
         for name in sorted(self.docs, key=lambda n: (DOC_ORDER.index(n) if n in DOC_ORDER else len(DOC_ORDER), n)):
             text = self.docs[name].read_text(encoding="utf-8")
             html, headings = self.markdown.render(text, source_dir="docs", page_dir="docs")
             title = next((h["text"] for h in headings if h["level"] == 1), name)
             listing.append({"name": name, "title": title, "href": f"{name}.html"})
-            self.page(
-                f"docs/{name}.html",
-                "doc.html",
-                title=title,
-                section="docs",
-                body=html,
-                toc=[h for h in headings if h["level"] == 2],
-                source=f"docs/{name}.md",
+            work.append(
+                lambda name=name, title=title, html=html, headings=headings: self.page(  # type: ignore[misc]
+                    f"docs/{name}.html",
+                    "doc.html",
+                    title=title,
+                    section="docs",
+                    site=self.chrome,
+                    body=html,
+                    toc=[h for h in headings if h["level"] == 2],
+                    source=f"docs/{name}.md",
+                )
             )
-        self.page("docs/index.html", "docs.html", title="Documentation", section="docs", docs=listing,
-                  schemas=bool(self.schemas))  # fmt: skip
+        self.page("docs/index.html", "docs.html", title="Documentation", section="docs", site=self.chrome,
+                  docs=listing, schemas=bool(self.schemas))  # fmt: skip
         folder = resources.files("ale") / "schemas"
         for name in self.schemas:
             self.write(f"schemas/{name}", (folder / name).read_bytes())
-        self.page("schemas/index.html", "schemas.html", title="JSON Schemas", section="docs", schemas=self.schemas)
+        self.page("schemas/index.html", "schemas.html", title="JSON Schemas", section="docs", site=self.chrome,
+                  schemas=self.schemas)  # fmt: skip
+        return work
 
     # exports
 
@@ -980,20 +1145,43 @@ class Site:
         self.write(MANIFEST, (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode())
 
 
-#: from this many submissions on, their pages are rendered by worker processes (Site.jobs)
+#: from this many work items (pages, mostly) on, they are run by worker processes (Site.jobs)
 PARALLEL_FROM = 200
-#: what forked workers render: (site, entries, boards), set by Site._submissions around the fork
-_WORK: tuple[Site, list[Entry], dict[str, tuple[list[Entry], list[Entry]]]] | None = None
+#: what forked workers run: (site, work items), set by Site._run around the fork
+_WORK: tuple[Site, list[Callable[[], None]]] | None = None
 
 
-def _render_slice(bounds: tuple[int, int]) -> tuple[dict[str, tuple[str, int]], int]:
-    """In a forked worker: render and write entries[start:stop]; their files and how many were unchanged."""
-    assert _WORK is not None, "a worker forked from Site._submissions"
-    site, entries, boards = _WORK
-    site.files, site.unchanged = {}, 0
-    for e in entries[bounds[0] : bounds[1]]:
-        site._submission(e, boards)
-    return site.files, site.unchanged
+def _run_chunk(
+    bounds: tuple[int, int],
+) -> tuple[dict[str, tuple[str, int]], dict[str, str], int, int, int]:
+    """In a forked worker: run work[start:stop]; the files written, the pages' input digests and
+    the counts (pages, unchanged files, pages rendered)."""
+    assert _WORK is not None, "a worker forked from Site._run"
+    site, work = _WORK
+    site.files, site.inputs, site.pages, site.unchanged, site.rendered = {}, {}, 0, 0, 0
+    for item in work[bounds[0] : bounds[1]]:
+        item()
+    return site.files, site.inputs, site.pages, site.unchanged, site.rendered
+
+
+def _context_value(value: Any) -> Any:
+    """How :meth:`Site.inputs_digest` writes what JSON has no form for."""
+    if isinstance(value, Entry):
+        return {"entry": value.fingerprint()}
+    if attrs.has(type(value)):
+        return {"attrs": type(value).__qualname__, **attrs.asdict(value, recurse=False)}
+    return _json_fallback(value)
+
+
+#: an entry's row as the database gave it (its members in the stored order: the same row, the same
+#: bytes), any key type; the JSON of a page's inputs, not a file's
+_ORJSON = orjson.OPT_NON_STR_KEYS
+
+
+def _json_fallback(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"bytes": bytes(value).hex()}
+    raise TypeError(f"a page input of type {type(value).__name__} has no digest")
 
 
 _TEXT_COLUMNS = frozenset({"agent", "model", "effort"})
@@ -1025,6 +1213,53 @@ def _csv_cell(name: str, value: Any) -> str:
 
 # -- entry point ------------------------------------------------------------------------------
 
+#: beside the site's folder DIR: ``.DIR.inputs.json``, each page's input digest (Site.inputs_digest)
+INPUTS_SCHEMA = "ale-site-inputs/v1"
+
+
+def _code_digest(release: Any, specs: dict[str, Any]) -> bytes:
+    """SHA-256 of the code every page is rendered by (its template aside, :meth:`Site.template_digest`):
+    this exporter and the modules it derives a page's data with, the renderer's version, the
+    installed tasks and the release."""
+    h = hashlib.sha256(f"ale-verify {__version__} jinja2 {jinja2.__version__}\n".encode())
+    here = Path(__file__).resolve().parent
+    for path in (here / "export.py", here / "ranking.py", here / "judging.py"):
+        data = path.read_bytes()
+        h.update(f"{path.name} {len(data)}\n".encode() + data)
+    h.update(repr((release, sorted(specs.items()))).encode())
+    return h.digest()
+
+
+def inputs_path(out: Path) -> Path:
+    """Where an export keeps its pages' input digests: beside the site (they are not published)."""
+    return out.with_name(f".{out.name}.inputs.json")
+
+
+def _previous_inputs(out: Path) -> dict[str, str]:
+    """The previous export's page input digests, when they belong to the manifest now in ``out``
+    (else none: every page is rendered)."""
+    try:
+        manifest = hashlib.sha256((out / MANIFEST).read_bytes()).hexdigest()
+        doc = parse_json(inputs_path(out).read_bytes(), what="site inputs", max_bytes=64 * 1024 * 1024)
+    except (OSError, ParseError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("schema") != INPUTS_SCHEMA or doc.get("manifest_sha256") != manifest:
+        return {}
+    pages = doc.get("pages")
+    if not isinstance(pages, dict):
+        return {}
+    return {name: key for name, key in pages.items() if isinstance(key, str)}
+
+
+def _write_inputs(out: Path, inputs: dict[str, str]) -> None:
+    """Record the pages' input digests for the next export (written beside, then renamed)."""
+    manifest = hashlib.sha256((out / MANIFEST).read_bytes()).hexdigest()
+    doc = {"schema": INPUTS_SCHEMA, "manifest_sha256": manifest, "pages": dict(sorted(inputs.items()))}
+    target = inputs_path(out)
+    tmp = target.with_name(f"{target.name}.{secrets.token_hex(4)}")
+    tmp.write_bytes((json.dumps(doc, indent=0) + "\n").encode())
+    os.replace(tmp, target)
+
 
 def _previous(out: Path) -> tuple[Path, dict[str, tuple[str, int]]] | None:
     """The previous export's folder and the files its manifest lists, or None (none, or unreadable:
@@ -1043,6 +1278,30 @@ def _previous(out: Path) -> tuple[Path, dict[str, tuple[str, int]]] | None:
     return out, listed
 
 
+def accepted_submissions(database: db.Where) -> list[dict[str, Any]]:
+    """The accepted submissions with their audit history, as :func:`ale_verify.db.all_submissions`
+    gives every submission: the rejected ones never reach a page, and the JSON columns, the
+    verifier's own writing, are decoded by orjson (several times faster; :mod:`json` for what
+    orjson refuses, a NaN)."""
+    with db.connect(database) as s:
+        rows = s.rows("SELECT * FROM submissions WHERE status = ? ORDER BY received_at, id", ["accepted"])
+        history = s.rows("SELECT * FROM audit_log ORDER BY seq")
+    by_id: dict[str, list[dict[str, Any]]] = {}
+    for h in history:
+        by_id.setdefault(h["submission_id"], []).append(h)
+    return [
+        {**r, "reasons": _loads(r["reasons"]), "summary": _loads(r["summary"]), "history": by_id.get(r["id"], [])}
+        for r in rows
+    ]
+
+
+def _loads(text: str | bytes) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def export_site(
     database: db.Where,
     out: Path,
@@ -1054,21 +1313,42 @@ def export_site(
 ) -> ExportReport:
     """Render the site for ``database`` into ``out`` (replacing a previous export there).
 
-    A file whose bytes the previous export's manifest lists unchanged is linked from it, not
-    rewritten (its inode and modification time stay), so an export after one new upload rewrites
-    only the pages that changed. ``jobs``: worker processes for the submission pages (default:
+    A page whose inputs are those the previous export rendered it from is not rendered again, and
+    a file whose bytes the previous export's manifest lists unchanged is linked from it, not
+    rewritten (its inode and modification time stay), so an export after one new upload renders
+    and rewrites only the pages that changed. ``jobs``: worker processes for the pages (default:
     the CPUs this process may use, at most 8)."""
     if not db.exists(database):
         raise ExportError(f"no database at {db.location(database)}")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / MANIFEST).is_file())):
         raise ExportError(f"{out} exists and is not a previous export (no {MANIFEST}); refusing to replace it")
-    rows = db.all_submissions(database)
+    enabled = gc.isenabled()
+    gc.disable()  # a site's data is many small objects and no cycles: collecting finds nothing
+    try:
+        rows = accepted_submissions(database)
+        report, inputs = _build(rows, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n, jobs=jobs)
+    finally:
+        if enabled:
+            gc.enable()
+    try:
+        _write_inputs(out, inputs)
+    except OSError:
+        inputs_path(out).unlink(missing_ok=True)  # the next export renders every page
+    return report
+
+
+def _build(
+    rows: list[dict[str, Any]], out: Path, *, docs_dir: Path | None, page_size: int, top_n: int, jobs: int | None
+) -> tuple[ExportReport, dict[str, str]]:
     out.parent.mkdir(parents=True, exist_ok=True)
+    previous = _previous(out)
+    previous_inputs = _previous_inputs(out) if previous is not None else {}
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
     try:
         stage.chmod(0o755)
         workers = jobs if jobs is not None else max(1, min(8, len(os.sched_getaffinity(0))))
-        site = Site(stage, docs_dir=docs_dir, page_size=page_size, top_n=top_n, previous=_previous(out), jobs=workers)
+        site = Site(stage, docs_dir=docs_dir, page_size=page_size, top_n=top_n, previous=previous,
+                    previous_inputs=previous_inputs, jobs=workers)  # fmt: skip
         report = site.build(rows)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
@@ -1080,4 +1360,4 @@ def export_site(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return attrs.evolve(report, directory=out)
+    return attrs.evolve(report, directory=out), site.inputs
