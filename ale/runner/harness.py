@@ -38,7 +38,7 @@ import trio.lowlevel
 from ale import __version__, catalog
 from ale.core import grammar
 from ale.core.results import is_infrastructure
-from ale.runner import agent_env, resume, schedule, spool
+from ale.runner import agent_env, lifeline, resume, schedule, spool
 from ale.runner._groups import collapse
 from ale.runner.options import RunOptions
 from ale.runner.outcome import TaskOutcome as TaskOutcome
@@ -426,10 +426,18 @@ class Harness:
 
     def _setup(self, tasks: list[catalog.Task]) -> Path:
         """Blocking set-up, run in a worker thread: check the runtime (and that it runs the release's
-        images, where the release names them), make the run folder, open the run's state."""
+        images, where the release names them), make the run folder, open the run's state. First,
+        what a killed harness left running goes (:func:`ale.runner.lifeline.sweep`): a resumed run
+        continues with none of its earlier processes."""
+        swept = lifeline.sweep()
+        if swept.killed or swept.folders:
+            self.progress.note(
+                f"removed what a killed harness left: {len(swept.killed)} processes, {len(swept.folders)} run folders"
+            )
         self.runtime.check()
         _check_release_images(self.options.release, self.runtime)
         root = Path(tempfile.mkdtemp(prefix="ale-run-", dir=self.options.workdir))
+        lifeline.ledger().folder(root)  # a sweep removes it should this harness be killed
         try:
             check_socket_paths(root, self.options.tasks, bool(self.options.upstreams))
             root.chmod(0o711)  # the sandbox uid may traverse to its bind sources, not list them
