@@ -49,11 +49,11 @@ def _pids_with(marker: str) -> list[int]:
         if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
-            if any(needle in Path(f"/proc/{entry}/{what}").read_bytes() for what in ("environ", "cmdline")):
-                if lifeline._running(int(entry)):
-                    found.append(int(entry))
+            held = any(needle in Path(f"/proc/{entry}/{what}").read_bytes() for what in ("environ", "cmdline"))
         except OSError:
             continue
+        if held and lifeline._running(int(entry)):
+            found.append(int(entry))
     return found
 
 
@@ -145,7 +145,8 @@ def test_the_sweep_kills_what_a_dead_harness_recorded_and_nothing_else(base: Pat
         assert _until(lambda: len(_pids_with(marker)) == 4)
         start = lifeline.start_time(leader.pid)
         other_start = lifeline.start_time(other.pid)
-        assert start is not None and other_start is not None
+        assert start is not None
+        assert other_start is not None
         dead = _ledger(ledgers, "1-1", [
             {"pid": leader.pid, "start": start, "group": True},
             {"pid": other.pid, "start": other_start + 1, "group": False},  # the pid was reused
@@ -218,6 +219,7 @@ def test_a_sigkilled_harness_leaves_no_process_of_its_run_and_its_resume_complet
     with open(err_path, "wb") as err:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         try:
+
             def agents() -> list[int]:  # the harness's own command line names the agent's command too
                 return [pid for pid in _pids_with(marker) if pid != proc.pid]
 

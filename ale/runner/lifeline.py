@@ -154,7 +154,7 @@ def popen(argv: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
     parent = os.getpid()
 
     def start() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(list(argv), preexec_fn=_die_with(parent), **options)  # noqa: PLW1509
+        return subprocess.Popen(list(argv), preexec_fn=_die_with(parent), **options)
 
     process = _SPAWNER.call(start)
     ledger().child(process.pid, group=bool(options.get("start_new_session")))
