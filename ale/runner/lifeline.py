@@ -32,6 +32,7 @@ import fcntl
 import json
 import os
 import queue
+import secrets
 import shutil
 import signal
 import subprocess
@@ -228,11 +229,20 @@ class Ledger:
         if folder is None:
             return  # no private folder for it: children still die with the harness, nothing is recorded
         path = folder / f"{os.getpid()}-{start_time(os.getpid()) or 0}.jsonl"
+        # locked under a name no sweep reads, then renamed into place: a sweep never sees it unheld
+        tmp = folder / f".{path.name}.{secrets.token_hex(4)}.tmp"
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         except OSError:
             return
-        fcntl.flock(fd, fcntl.LOCK_EX)  # fresh: only a dead process of our pid and start time had it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.replace(tmp, path)
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            return
         self.path, self._fd = path, fd
         atexit.register(self.close)
 
