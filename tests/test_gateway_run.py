@@ -156,6 +156,7 @@ def test_the_bundle_passes_inspect_and_the_verifier(gateway_run: GatewayRun, tmp
     manifest = json.loads(run.files["manifest.json"])
     started, finished = (datetime.fromisoformat(manifest["run"][k]) for k in ("started", "finished"))
     assert row["runtime_s"] == pytest.approx((finished - started).total_seconds(), abs=1e-3)
+    assert row["runtime_s"] == pytest.approx(manifest["run"]["active_s"], abs=1e-6)  # a run never stopped: the same
 
 
 @attrs.frozen

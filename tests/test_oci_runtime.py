@@ -747,3 +747,53 @@ async def test_podman_the_event_channels_file_is_the_channel_itself(podman_runti
     result = await podman_runtime.run_sandboxed(box.spec(code), lines)
     assert result.exit_status == 0, lines.lines
     assert lines.of("event") == ['{"kind": "by-path"}']
+
+
+@pytest.mark.slow
+async def test_podman_tasks_side_by_side_run_as_uids_of_their_own_and_cannot_read_each_others_workspace(
+    podman_runtime: PodmanRuntime,
+) -> None:
+    """Two tasks whose workspaces are open at once (``--jobs 2``): their containers run as two uids
+    (and gids), each workspace is its uid's alone (mode 0700), and one task's uid can read its own
+    workspace's files but not the other's."""
+    code = (
+        "import json, os\n"
+        "open('/workspace/secret', 'w').write('mine')\n"
+        "print('REPORT ' + json.dumps({'uid': os.getuid(), 'gid': os.getgid()}), flush=True)\n"
+    )
+    folders = [Path(tempfile.mkdtemp(prefix="ale-oci-")) for _ in range(2)]
+    boxes = [Box(folder) for folder in folders]
+    seen: dict[int, Lines] = {}
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for b in boxes:
+                await stack.enter_async_context(podman_runtime.open_workspace(b.workspace, Limits()))
+
+            async def task(i: int) -> None:
+                seen[i] = Lines()
+                result = await podman_runtime.run_sandboxed(boxes[i].spec(code), seen[i])
+                assert result.exit_status == 0, seen[i].lines
+
+            async with trio.open_nursery() as nursery:
+                for i in range(2):
+                    nursery.start_soon(task, i)
+            ids = [seen[i].report() for i in range(2)]
+            assert ids[0]["uid"] != ids[1]["uid"]
+            assert ids[0]["gid"] != ids[1]["gid"]
+            for b, got in zip(boxes, ids, strict=True):
+                info = b.workspace.stat()
+                assert (info.st_uid, info.st_gid, info.st_mode & 0o777) == (got["uid"], got["gid"], 0o700)
+
+            def cat_as(uid: int, path: Path) -> subprocess.CompletedProcess[str]:
+                argv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "cat", str(path)]
+                return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+
+            own = cat_as(ids[0]["uid"], boxes[0].workspace / "secret")
+            assert (own.returncode, own.stdout) == (0, "mine"), own.stderr
+            other = cat_as(ids[0]["uid"], boxes[1].workspace / "secret")
+            assert other.returncode != 0
+            assert "Permission denied" in other.stderr
+    finally:
+        for b, folder in zip(boxes, folders, strict=True):
+            b.close()
+            shutil.rmtree(folder, ignore_errors=True)

@@ -128,6 +128,37 @@ async def test_each_task_beside_another_runs_as_a_uid_of_its_own(tmp_path: Path)
         assert uids[0] != uids[1]
 
 
+def test_tasks_side_by_side_get_uids_of_their_own_and_a_freed_one_is_taken_again() -> None:
+    """uids.TaskUids, which both runtimes use: the run's own uid for the first open workspace, one
+    claimed for each beside it, the claim of a workspace closed kept for the next; none left is an
+    OSError (the task ends for the infrastructure, never sharing a uid)."""
+    from ale.runner import uids
+
+    class Fake(uids.Claim):
+        def __init__(self, uid: int) -> None:
+            super().__init__(uid, -1)
+
+    made = iter([Fake(11), Fake(12)])
+
+    def claimer() -> uids.Claim:
+        try:
+            return next(made)
+        except StopIteration:
+            raise uids.NoFreeUid("none left") from None
+
+    pool = uids.TaskUids(Fake(10), claimer)
+    a, b, c = Path("/w/a"), Path("/w/b"), Path("/w/c")
+    assert [pool.open(a), pool.open(b), pool.open(c)] == [10, 11, 12]
+    assert pool.open(b) == 11  # opened again: the same
+    assert pool.uid_for(Path("/w/none")) == 10
+    pool.close(b)
+    assert pool.open(Path("/w/d")) == 11  # b's, free again
+    with pytest.raises(OSError, match="none left"):
+        pool.open(Path("/w/e"))
+    pool.close(a)
+    assert pool.open(Path("/w/e")) == 10
+
+
 # -- the admission rule ---------------------------------------------------------------------------
 
 

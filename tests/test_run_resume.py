@@ -413,3 +413,97 @@ def _agents_with(marker: str) -> int:
                 continue
             count += argv[0] == agent_env.PYTHON.encode() and any(marker.encode() in a for a in argv)
     return count
+
+
+# -- a resumed run's runtime ---------------------------------------------------------------------------
+
+
+def test_active_seconds_is_the_length_of_the_union_of_the_spans() -> None:
+    assert state.active_seconds([]) == 0
+    assert state.active_seconds([(0, 10), (20, 25)]) == 15  # apart
+    assert state.active_seconds([(0, 10), (5, 12), (2, 3)]) == 12  # overlapping and nested
+    assert state.active_seconds([(20, 25), (0, 10), (10, 20)]) == 25  # touching, in any order
+    assert state.active_seconds([(5, 1)]) == 0  # one that ends before it starts counts nothing
+
+
+def test_a_resumed_runs_runtime_is_its_active_spans_not_the_time_it_was_stopped(base: Path) -> None:
+    """A recorded state folder: the run's first segment ran from 1000 to its last heartbeat at 1010
+    and was SIGKILLed; resumed at 5000 and ending at 5020 it ran 30 s, not 4020."""
+    folder = base / "run-x.state"
+    first = state.create(folder, "run-x", {})
+    assert len(first.segments) == 1  # a new run's first segment is its start
+    first.segments = [(1000.0, 1000.0)]
+    first.heartbeat(1010.0)  # then SIGKILL: nothing more is written
+    resumed = state.load(folder)
+    assert resumed.segments == [(1000.0, 1010.0)]
+    resumed.begin_segment(5000.0)
+    assert resumed.active_s(5020.0) == 30.0
+    assert state.load(folder).segments == [(1000.0, 1010.0), (5000.0, 5000.0)]  # durable as it began
+    resumed.heartbeat(4999.0)  # a clock that stepped back never shortens a segment
+    assert resumed.active_s(5000.0) == 10.0
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{", b"{}", b'[{"started": 1}]', b'[{"started": 2, "last": 1}]', b'[{"started": "1", "last": 2}]',
+     b'[{"started": 1, "last": 2, "more": 3}]', b"[" * 100_000, b'[{"started": -5, "last": 2}]'],
+)  # fmt: skip
+def test_a_garbage_segments_file_is_a_clear_state_error(base: Path, content: bytes) -> None:
+    folder = base / "run-y.state"
+    state.create(folder, "run-y", {})
+    (folder / "segments.json").write_bytes(content)
+    with pytest.raises(state.StateError, match=r"segments\.json"):
+        state.load(folder)
+
+
+def _shift(folder: Path, by: float) -> None:
+    """The state folder as if the run had started ``by`` seconds earlier and been stopped since:
+    its start, its segments and its tasks' spans moved back (the records' MACs made again with the
+    run's key: the folder stays the run's own writing)."""
+    run = json.loads((folder / "run.json").read_text())
+    run["started"] -= by
+    (folder / "run.json").write_text(json.dumps(run))
+    segments = json.loads((folder / "segments.json").read_text())
+    (folder / "segments.json").write_text(json.dumps([{k: v - by for k, v in s.items()} for s in segments]))
+    kept = state.load(folder)
+    for path in folder.glob("tasks/*/record.json"):
+        record = json.loads(path.read_text())
+        del record["mac"]
+        record["span"] = [t - by for t in record["span"]]
+        record["mac"] = kept._mac(record)
+        path.write_text(json.dumps(record))
+
+
+async def test_a_run_resumed_an_hour_after_it_stopped_records_the_time_it_ran(
+    finished_state: tuple[Path, Any], base: Path
+) -> None:
+    """The recorded run's segment and tasks moved an hour back: the resumed run keeps its finished
+    tasks, its manifest's run.started is an hour back, and run.active_s is the sum of the two
+    segments (the first's tasks inside it), not the hour."""
+    folder, options, _ = _copy(finished_state, base)
+    (earlier,) = state.parse_segments((folder / "segments.json").read_bytes())
+    _shift(folder, 3600.0)
+    recording = Recording()
+    record, _ = await _run(options, recording)
+    assert recording.opened == []  # both tasks kept
+    assert record.finished - record.started > 3600
+    segments = state.parse_segments((folder / "segments.json").read_bytes())
+    assert len(segments) == 2
+    assert segments[0] == pytest.approx((earlier[0] - 3600, earlier[1] - 3600))
+    assert segments[1][1] == record.finished  # the resumed segment ends where the run did
+    assert record.active_s == pytest.approx(sum(b - a for a, b in segments))
+    assert record.active_s is not None
+    assert record.active_s < 600
+    report = _verified(record, base)
+    assert report.docs.manifest.run.active_s == round(record.active_s, 6)
+
+
+def test_the_boards_runtime_is_the_manifests_active_seconds_never_more_than_its_wall_time() -> None:
+    from ale_verify.export import _runtime_s
+
+    assert _runtime_s(1000.0, 5020.0, 30.0) == 30.0  # a resumed run: the time it ran
+    assert _runtime_s(1000.0, 1010.0, 99.0) == 10.0  # never more than finished - started
+    assert _runtime_s(1000.0, 1010.0, None) == 10.0  # a bundle before active_s
+    for garbage in ("30", -1.0, float("inf"), True, [30]):
+        assert _runtime_s(1000.0, 1010.0, garbage) == 10.0
+    assert _runtime_s(None, 1010.0, 30.0) is None

@@ -131,3 +131,17 @@ def test_a_garbage_run_json_is_refused_with_a_state_error(content: bytes) -> Non
             state.load(folder)
     finally:
         shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(raw=st.one_of(hostile_json, st.binary(max_size=300), json_values.map(lambda v: json.dumps(v).encode())))
+def test_segments_json_of_garbage_is_a_state_error_or_spans(raw: bytes) -> None:
+    """segments.json (ale.runner.state.parse_segments) parses into spans that each end after they
+    start, or raises StateError: nothing else."""
+    try:
+        spans = state.parse_segments(raw)
+    except state.StateError:
+        return
+    assert all(0 <= a <= b for a, b in spans)
+    assert state.active_seconds(spans) >= 0

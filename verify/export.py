@@ -210,6 +210,17 @@ def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def _runtime_s(started: float | None, finished: float | None, active: Any) -> float | None:
+    """The run's runtime: its manifest's ``run.active_s`` (its active spans) where it has one, never
+    more than ``finished - started``; else ``finished - started`` (docs/leaderboard-export.md)."""
+    if started is None or finished is None:
+        return None
+    wall = finished - started
+    if type(active) in (int, float) and 0 <= active < float("inf"):
+        return min(float(active), wall)
+    return wall
+
+
 def _parse_time(text: Any) -> float | None:
     if not isinstance(text, str):
         return None
@@ -337,7 +348,7 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
         agent=str(agent.get("name") or "(unnamed agent)"),
         model=None if declared.get("model") is None else str(declared["model"]),
         effort=None if declared.get("effort") is None else str(declared["effort"]),
-        runtime_s=finished - started if started is not None and finished is not None else None,
+        runtime_s=_runtime_s(started, finished, s.get("active_s")),
         tokens=tokens,
         scores=scores,
         pass_rates=pass_rates,

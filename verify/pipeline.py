@@ -282,6 +282,7 @@ def audit_summary(
         "official_episode_counts": m.run.official_episode_counts,
         "started": m.run.started,
         "finished": m.run.finished,
+        "active_s": m.run.active_s,  # the run's runtime (absent, None, for bundles before it)
         "usage": plain(docs.network.usage),
         "network_proxy": plain(docs.network.proxy),
         "runtime": plain(m.runtime),

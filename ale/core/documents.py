@@ -306,12 +306,20 @@ class TrajectorySummary:
     chain_head: Digest = attrs.field(validator=_digest)
 
 
+def _optional_seconds(_inst: object, attr: attrs.Attribute[float | None], value: float | None) -> None:
+    if value is not None and not (0 <= value < float("inf")):
+        raise ValueError(f"{attr.name} must be a number of seconds, not negative")
+
+
 @attrs.frozen
 class RunInfo:
     completed: bool = attrs.field(validator=_true)
     official_episode_counts: bool
     started: str
     finished: str
+    # the run's runtime: the sum of its active spans (a resumed run's time while stopped is not in
+    # it); absent in bundles of harnesses before it
+    active_s: float | None = attrs.field(default=None, validator=_optional_seconds)
 
 
 @attrs.frozen

@@ -133,6 +133,7 @@ def manifest_json(record: RunRecord) -> dict[str, Any]:
             "official_episode_counts": opts.episodes is None,
             "started": format_wall_time(record.started),
             "finished": format_wall_time(record.finished),
+            **({} if record.active_s is None else {"active_s": round(record.active_s, 6)}),
         },
         "judge": judge_json(record),
     }

@@ -29,7 +29,7 @@ import attrs
 import trio
 import trio.lowlevel
 
-from ale.runner import supervise
+from ale.runner import lifeline, supervise
 from ale.runner._groups import collapse
 
 READY_TIMEOUT_S = 30.0
@@ -218,7 +218,7 @@ class Gateway:
     """A running gateway."""
 
     spec: GatewaySpec
-    process: trio.Process
+    process: lifeline.Child
     stderr_lines: deque[str] = attrs.Factory(lambda: deque(maxlen=40))
     policy: str = "closed"
 
@@ -308,7 +308,7 @@ async def open_gateway(spec: GatewaySpec) -> AsyncIterator[Gateway]:
         os.close(write_fd)
     argv = gateway_argv(spec, read_fd)
     try:
-        process = await trio.lowlevel.open_process(
+        process = await lifeline.open_process(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -38,7 +38,7 @@ import trio.lowlevel
 from ale import __version__, catalog
 from ale.core import grammar
 from ale.core.results import is_infrastructure
-from ale.runner import agent_env, resume, schedule, spool
+from ale.runner import agent_env, lifeline, resume, schedule, spool
 from ale.runner._groups import collapse
 from ale.runner.options import RunOptions
 from ale.runner.outcome import TaskOutcome as TaskOutcome
@@ -47,7 +47,7 @@ from ale.runner.outcome import task_results_json as task_results_json
 from ale.runner.progress import Progress
 from ale.runner.recorder import Recorder, open_recorder
 from ale.runner.runtime import Runtime
-from ale.runner.state import Finished, RunState, StateError, folder_for
+from ale.runner.state import HEARTBEAT_S, Finished, RunState, StateError, folder_for
 from ale.runner.state import create as create_state
 from ale.runner.state import load as load_state
 from ale.runner.tails import EvaluatorTail as EvaluatorTail
@@ -119,6 +119,7 @@ class RunRecord:
     agent_env: agent_env.AgentEnv  # the agent's Python environment, as the harness assembled it
     agent_environment: dict[str, Any]  # what the sandbox ran with (the runtime's word: manifest agent.environment)
     state: RunState | None = None  # the run's state folder (the caller removes it with state.bundle_written)
+    active_s: float | None = None  # the run's runtime: its active spans (RunState.active_s), not finished - started
 
 
 @attrs.define
@@ -184,6 +185,7 @@ class Harness:
                         with collapse():
                             async with trio.open_nursery() as nursery:
                                 nursery.start_soon(self._watch_signals, nursery.cancel_scope)
+                                nursery.start_soon(self._heartbeat)
                                 nursery.start_soon(attesting.run)
                                 nursery.start_soon(self._assembling.run)
                                 nursery.start_soon(trio.to_thread.run_sync, _preload)
@@ -222,6 +224,8 @@ class Harness:
             raise RunError(f"{exc}\n({kept}){self._resume_hint()}") from None
         finally:
             with trio.CancelScope(shield=True):
+                stopped = time.time()
+                await trio.to_thread.run_sync(self._beat, stopped)  # where this segment stopped
                 target = root / "workspace" if finished else root
                 await trio.to_thread.run_sync(lambda: shutil.rmtree(target, ignore_errors=True))
                 await trio.to_thread.run_sync(self.runtime.close)
@@ -233,7 +237,8 @@ class Harness:
             outcomes=outcomes,
             attestation=attestation,
             started=self.state.started,
-            finished=time.time(),
+            finished=stopped,
+            active_s=self.state.active_s(stopped),
             chain_head=head,
             events=events,
             agent_env=environment,
@@ -306,9 +311,11 @@ class Harness:
                 spool_path = await trio.to_thread.run_sync(state.begin_task, task.spec.id)
             except OSError as exc:
                 raise RunError(f"cannot write the run's state folder {state.folder}: {exc}") from None
+            began = time.time()
             outcome, head = await TaskRun(ctx, task, spool_path).run()
+            span = (began, time.time())
             try:
-                await trio.to_thread.run_sync(state.finish_task, task, outcome, head)
+                await trio.to_thread.run_sync(state.finish_task, task, outcome, head, span)
             except OSError as exc:
                 raise RunError(f"cannot keep {task.spec.id}'s spool in the run's state folder: {exc}") from None
             slot.outcome = outcome
@@ -426,10 +433,18 @@ class Harness:
 
     def _setup(self, tasks: list[catalog.Task]) -> Path:
         """Blocking set-up, run in a worker thread: check the runtime (and that it runs the release's
-        images, where the release names them), make the run folder, open the run's state."""
+        images, where the release names them), make the run folder, open the run's state. First,
+        what a killed harness left running goes (:func:`ale.runner.lifeline.sweep`): a resumed run
+        continues with none of its earlier processes."""
+        swept = lifeline.sweep()
+        if swept.killed or swept.folders:
+            self.progress.note(
+                f"removed what a killed harness left: {len(swept.killed)} processes, {len(swept.folders)} run folders"
+            )
         self.runtime.check()
         _check_release_images(self.options.release, self.runtime)
         root = Path(tempfile.mkdtemp(prefix="ale-run-", dir=self.options.workdir))
+        lifeline.ledger().folder(root)  # a sweep removes it should this harness be killed
         try:
             check_socket_paths(root, self.options.tasks, bool(self.options.upstreams))
             root.chmod(0o711)  # the sandbox uid may traverse to its bind sources, not list them
@@ -467,6 +482,7 @@ class Harness:
             elif found != "not finished":
                 self.progress.note(f"{task.spec.id}: runs again: its state is not trusted: {found}")
             self._slots.append(slot)
+        self.state.begin_segment(time.time())  # the run's time while it was stopped is not its runtime
 
     def _keep_attested(self, attestation: dict[str, Any], environment: agent_env.AgentEnv) -> None:
         """The state keeps what the run's tasks ran on; a resumed run's must be the same."""
@@ -497,6 +513,19 @@ class Harness:
         except OSError:
             return f"the trajectory stays at {trajectory}"
         return f"the incomplete trajectory is at {target}"
+
+    async def _heartbeat(self) -> None:
+        """Keep this segment's end in the state folder (a SIGKILLed run's runtime ends at its last)."""
+        while True:
+            await trio.sleep(HEARTBEAT_S)
+            await trio.to_thread.run_sync(self._beat, time.time())
+
+    def _beat(self, now: float) -> None:
+        if self.state is not None:
+            try:
+                self.state.heartbeat(now)
+            except OSError as exc:  # the run goes on: only its recorded runtime may come out short
+                self.progress.note(f"cannot keep the run's time in its state folder: {exc}")
 
     async def _watch_signals(self, scope: trio.CancelScope) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

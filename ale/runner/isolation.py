@@ -58,38 +58,33 @@ class Isolation:
     uid_claim: uids.Claim | None
     missing: dict[str, str] = attrs.field(factory=dict)  # facility -> why it is not in force
     _workspaces: set[Path] = attrs.field(factory=set)
-    _uid_of: dict[Path, uids.Claim] = attrs.field(factory=dict)  # each open workspace's uid (its task's)
-    _spare: list[uids.Claim] = attrs.field(factory=list)  # uids of workspaces gone, for the next ones
+    _uids: uids.TaskUids | None = None  # each open workspace's uid (its task's)
 
     @property
     def uid(self) -> int:
         return self.uid_claim.uid if self.uid_claim is not None else SANDBOX_UID
 
+    @property
+    def _task_uids(self) -> uids.TaskUids | None:
+        if self.uid_claim is None:
+            return None
+        if self._uids is None:
+            self._uids = uids.TaskUids(self.uid_claim)
+        return self._uids
+
     def uid_for(self, workspace: Path) -> int:
         """The uid of the sandboxes of the task whose workspace this is: each task that runs beside
         another has a uid of its own (its RLIMIT_NPROC count, its files), the run's first one's."""
-        claim = self._uid_of.get(workspace)
-        return claim.uid if claim is not None else self.uid
+        pool = self._task_uids
+        return pool.uid_for(workspace) if pool is not None else self.uid
 
     def _claim(self, workspace: Path) -> None:
-        if self.uid_claim is None:
-            return
-        taken = {c.uid for c in self._uid_of.values()}
-        if self.uid_claim.uid not in taken:
-            claim = self.uid_claim
-        elif self._spare:
-            claim = self._spare.pop()
-        else:
-            try:
-                claim = uids.claim()
-            except (uids.NoFreeUid, OSError):
-                claim = self.uid_claim  # shared, as a run's one uid was before
-        self._uid_of[workspace] = claim
+        if (pool := self._task_uids) is not None:
+            pool.open(workspace)
 
     def _unclaim(self, workspace: Path) -> None:
-        claim = self._uid_of.pop(workspace, None)
-        if claim is not None and claim is not self.uid_claim and claim not in self._uid_of.values():
-            self._spare.append(claim)
+        if (pool := self._task_uids) is not None:
+            pool.close(workspace)
 
     def describe(self) -> dict[str, Any]:
         def entry(name: str, details: dict[str, Any] | None) -> dict[str, Any]:
@@ -145,6 +140,7 @@ class Isolation:
             if self.uid_claim is not None and spec.workspace_writable and spec.workspace not in self._workspaces:
                 uid = self.uid_for(spec.workspace)
                 os.chown(spec.workspace, uid, uid)  # a host folder the harness made for nobody
+                os.chmod(spec.workspace, 0o700)  # its task's alone
         except BaseException:
             self._release(cg, tmp_dir)
             raise
@@ -174,7 +170,7 @@ class Isolation:
                 size_bytes=limits.workspace_bytes,
                 inodes=sandbox_fs.inodes_for(limits.workspace_bytes),
                 uid=self.uid_for(workspace),
-                mode=0o755,
+                mode=0o700,  # its task's alone: a task beside it runs as another uid
             )
             self._workspaces.add(workspace)
             try:

@@ -26,7 +26,7 @@ import trio
 import trio.lowlevel
 
 from ale.core import attestation
-from ale.runner import agent_env, isolation, sandbox, seccomp, supervise
+from ale.runner import agent_env, isolation, lifeline, sandbox, seccomp, supervise
 from ale.runner._groups import collapse
 from ale.runner.isolation import SandboxResources
 from ale.runner.runtime import (
@@ -188,7 +188,7 @@ class _Standby:
     def spawn(cls) -> _Standby:
         read_fd, write_fd = os.pipe()
         try:
-            process = subprocess.Popen(
+            process = lifeline.popen(
                 [sys.executable, "-m", "ale_evaluator", "standby", "--job-fd", str(read_fd)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read_fd,),
             )  # fmt: skip
@@ -406,7 +406,7 @@ class LocalRuntime:
         seccomp_fd = seccomp.program_fd(flt) if flt is not None else None
         argv = sandbox.bwrap_argv(spec, seccomp_fd=seccomp_fd, **resources.argv_kwargs())
         try:
-            process = await trio.lowlevel.open_process(
+            process = await lifeline.open_process(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,

@@ -642,6 +642,7 @@ class _Checked:
     mounts: str  # "" when size- and inode-limited tmpfs can be mounted, else why not
     uid: uids.Claim
     agent_python: dict[str, Any]  # the agent image's Python environment (ale.images.contents)
+    task_uids: uids.TaskUids  # each task's uid (the run's own claim for the first), by workspace
 
 
 def _default_lock() -> str:
@@ -734,6 +735,7 @@ class OciRuntime:
         self._checked = _Checked(
             images=images, images_doc=doc, filter=flt, seccomp_file=program_file, empty=empty,
             cgroups=layout, mounts=sandbox_fs.can_mount(), uid=claim, agent_python=python,
+            task_uids=uids.TaskUids(claim),
         )  # fmt: skip
 
     def _install_hint(self) -> str:
@@ -906,7 +908,7 @@ class OciRuntime:
 
     def open_workspace(self, workspace: Path, limits: Limits) -> AbstractAsyncContextManager[None]:
         c = self._ready()
-        return _workspace(workspace, limits, None if c.mounts else c.uid.uid)
+        return _workspace(workspace, limits, c.task_uids, mount=not c.mounts)
 
     async def run_sandboxed(
         self,
@@ -925,10 +927,10 @@ class OciRuntime:
                 f"the agent image holds no {', '.join(lacking)}: the {self.name} runtime runs the image's Python "
                 "(add them to images/agent-base.toml, or use the local runtime)"
             )
-        uid = c.uid.uid
+        uid = c.task_uids.uid_for(spec.workspace)  # the task's own: tasks side by side never share one
         binds = module_binds(spec.agent_env)
-        if spec.workspace_writable:
-            os.chown(spec.workspace, uid, uid)
+        if spec.workspace_writable and not await trio.Path(spec.workspace).is_mount():
+            _own(spec.workspace, uid)
         cgroup = oci_cgroups.SandboxCgroup(c.cgroups)
         name = _name("sandbox")
         with _sandbox_files(name, spec.limits, uid, c) as files:
@@ -1137,19 +1139,31 @@ def _sandbox_files(name: str, limits: Limits, uid: int, c: _Checked) -> Iterator
 
 
 @asynccontextmanager
-async def _workspace(workspace: Path, limits: Limits, uid: int | None) -> AsyncIterator[None]:
-    """The task's workspace on a size- and inode-limited tmpfs (as root), bound into sandboxes."""
-    if uid is None:
-        yield
-        return
-    sandbox_fs.mount_tmpfs(
-        workspace, size_bytes=limits.workspace_bytes, inodes=sandbox_fs.inodes_for(limits.workspace_bytes),
-        uid=uid, mode=0o755,
-    )  # fmt: skip
+async def _workspace(workspace: Path, limits: Limits, pool: uids.TaskUids, *, mount: bool) -> AsyncIterator[None]:
+    """The task's workspace, its uid's alone (mode 0700: no other task's uid may read it), with a
+    uid claimed for the task while it lasts; on a size- and inode-limited tmpfs where mounts work."""
+    uid = await trio.to_thread.run_sync(pool.open, workspace)
     try:
-        yield
+        if not mount:
+            _own(workspace, uid)
+            yield
+            return
+        sandbox_fs.mount_tmpfs(
+            workspace, size_bytes=limits.workspace_bytes, inodes=sandbox_fs.inodes_for(limits.workspace_bytes),
+            uid=uid, mode=0o700,
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            sandbox_fs.unmount(workspace)
     finally:
-        sandbox_fs.unmount(workspace)
+        pool.close(workspace)
+
+
+def _own(folder: Path, uid: int) -> None:
+    """``folder`` (a host folder the harness made) as ``uid``'s own, mode 0700."""
+    os.chown(folder, uid, uid)
+    os.chmod(folder, 0o700)
 
 
 def _keep_events(standby: _Standby, spec: EvaluatorSpec) -> None:

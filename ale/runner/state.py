@@ -4,10 +4,14 @@
 
     run.json                  what the run is (its options, less any key), written once, atomically
     key                       32 random bytes (hex, 0600): the key of the records' MACs
+    segments.json             the run's active segments, one per start or resume: {"started",
+                              "last"} (epoch seconds; "last" rewritten every HEARTBEAT_S while the
+                              segment runs, and when it stops), so a run's runtime is the time it ran
     tasks/<id>/spool.partial  the task's spool while it runs (ale.runner.spool)
     tasks/<id>/spool.jsonl    a finished task's spool, fsynced, then renamed into place
     tasks/<id>/record.json    a finished task's record: its outcome, its spool's size and SHA-256
-                              and chain head, the run and the task, and an HMAC-SHA256 over them
+                              and chain head, the run and the task, its span (when it started and
+                              finished, epoch seconds), and an HMAC-SHA256 over them
 
 A record is written atomically (a temporary file, fsync, rename, fsync of the folder) after its
 spool, so a record names a whole spool. Resuming trusts a finished task only when its record
@@ -20,6 +24,11 @@ run again. A task that ended for the infrastructure or was cancelled is run agai
 cannot stop someone who can read the key and rewrite the folder (anyone who can also run a
 modified harness); it keeps out what is not this run's own writing.
 
+A run's runtime (the manifest's ``run.active_s``, :meth:`RunState.active_s`) is the length of
+the union of its active spans: each segment's (a segment killed by SIGKILL counts until its last
+heartbeat) and each finished task's own, so the time a run was stopped between a kill and its
+resume is not counted.
+
 Once the bundle is written, ``bundle`` names it and the folder is removed.
 """
 
@@ -28,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
 import os
 import re
 import secrets
@@ -51,6 +61,8 @@ TASK_RECORD_SCHEMA = "ale-task-record/v1"
 SUFFIX = ".state"
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 MAX_STATE_FILE = 64 * 1024 * 1024  # a record holds an evaluator result (its episodes)
+HEARTBEAT_S = 2.0  # how often a running segment's "last" is rewritten
+MAX_SEGMENTS = 10_000  # starts and resumes of one run
 
 
 class StateError(ValueError):
@@ -98,17 +110,78 @@ def _read(path: Path, what: str) -> Any:
 
 @attrs.frozen
 class Finished:
-    """A finished task the state folder proves: its outcome and its checked spool."""
+    """A finished task the state folder proves: its outcome, its checked spool and its span."""
 
     outcome: TaskOutcome
     spool: Spool
+    span: tuple[float, float]
+
+
+def active_seconds(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of the (start, end) spans (a span that ends before it starts counts 0)."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end <= max(start, reach):
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float) and value == value and abs(value) != float("inf")
+
+
+def _outcome_problem(outcome: TaskOutcome, spool: Spool) -> str:
+    """Why a recorded outcome is not kept ("" when it is): it ended for the infrastructure or was
+    cancelled (run again), or its evaluator result is not the one its spool's evaluator logged."""
+    if outcome.ended is not None and (
+        is_infrastructure(outcome.ended.category) or outcome.ended.category == "cancelled"
+    ):
+        return f"it ended for {outcome.ended.category}: run again"
+    result = outcome.result
+    if outcome.status == "completed" and result is not None:
+        logged = spool.summary.eval_results.get(result["session_id"])
+        claimed = (result["complete"], result["headline_value"], result["passed_episodes"])
+        members = ("complete", "headline_value", "passed_episodes")
+        if logged is None or tuple(logged.get(m) for m in members) != claimed:
+            return "its outcome is not what its evaluator logged"
+    return ""
+
+
+def _span(value: Any) -> tuple[float, float] | None:
+    """A record's ``span``: [started, finished], numbers, in that order; else None."""
+    if not isinstance(value, list) or len(value) != 2 or not all(_number(t) for t in value) or value[1] < value[0]:
+        return None
+    return float(value[0]), float(value[1])
+
+
+def parse_segments(raw: bytes) -> list[tuple[float, float]]:
+    """segments.json's spans (StateError: it is not one)."""
+    try:
+        doc = parse_json(raw, what="segments.json", max_bytes=MAX_STATE_FILE, max_depth=4)
+    except ParseError as exc:
+        raise StateError(str(exc)) from None
+    if not isinstance(doc, list) or len(doc) > MAX_SEGMENTS:
+        raise StateError(f"segments.json is not a list of at most {MAX_SEGMENTS} segments")
+    spans = []
+    for entry in doc:
+        if not isinstance(entry, dict) or set(entry) != {"started", "last"}:
+            raise StateError('segments.json holds a segment that is not {"started", "last"}')
+        started, last = entry["started"], entry["last"]
+        if not (_number(started) and _number(last)) or last < started or started < 0:
+            raise StateError("segments.json holds a segment whose times are not numbers, or end before they start")
+        spans.append((float(started), float(last)))
+    return spans
 
 
 class RunState:
     """One run's state folder (:func:`create` a new one, :func:`load` one to resume)."""
 
-    def __init__(self, folder: Path, run: dict[str, Any], key: bytes) -> None:
+    def __init__(self, folder: Path, run: dict[str, Any], key: bytes, segments: list[tuple[float, float]]) -> None:
         self.folder, self.run, self._key = folder, run, key
+        self.segments = segments  # the earlier segments', and (once begun) this one's last
+        self._spans: dict[str, tuple[float, float]] = {}  # each finished task's (this segment's and reused)
 
     @property
     def run_id(self) -> str:
@@ -134,8 +207,39 @@ class RunState:
     def _mac(self, record: Mapping[str, Any]) -> str:
         return hmac.new(self._key, canonical_json(dict(record)), hashlib.sha256).hexdigest()
 
-    def finish_task(self, task: catalog.Task, outcome: TaskOutcome, head: str) -> None:
-        """The task's spool (complete, at spool_partial) and its record, durably."""
+    def begin_segment(self, now: float) -> None:
+        """This start or resume of the run is a segment of it, from ``now``."""
+        self.segments.append((now, now))
+        self._write_segments()
+
+    def heartbeat(self, now: float) -> None:
+        """This segment ran until ``now`` (not fsynced: a heartbeat lost with the machine costs at
+        most a few seconds of the run's recorded runtime)."""
+        if self.segments:
+            self.segments[-1] = (self.segments[-1][0], max(now, self.segments[-1][1]))
+            self._write_segments(durable=False)
+
+    def _write_segments(self, *, durable: bool = True) -> None:
+        doc = [{"started": a, "last": b} for a, b in self.segments]
+        data = json.dumps(doc).encode() + b"\n"
+        if durable:
+            write_atomic(self.folder / "segments.json", data)
+            return
+        tmp = self.folder / f".segments.json.{secrets.token_hex(4)}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, self.folder / "segments.json")
+
+    def active_s(self, now: float) -> float:
+        """The run's runtime until ``now``: the union of its segments (this one until ``now``) and
+        of its finished tasks' spans."""
+        spans = list(self.segments)
+        if spans:
+            spans[-1] = (spans[-1][0], max(now, spans[-1][1]))
+        return active_seconds(spans + list(self._spans.values()))
+
+    def finish_task(self, task: catalog.Task, outcome: TaskOutcome, head: str, span: tuple[float, float]) -> None:
+        """The task's spool (complete, at spool_partial) and its record, durably; ``span`` is when
+        the task started and finished (epoch seconds)."""
         folder = self.task_folder(task.spec.id)
         partial, spool = self.spool_partial(task.spec.id), folder / "spool.jsonl"
         with open(partial, "rb") as fh:
@@ -152,9 +256,11 @@ class RunState:
             "spool_bytes": len(raw),
             "chain_head": head,
             "outcome": outcome.record(),
+            "span": [span[0], span[1]],
         }
         record["mac"] = self._mac(record)
         write_atomic(folder / "record.json", canonical_json(record) + b"\n")
+        self._spans[task.spec.id] = span
 
     def finished(self, task: catalog.Task) -> Finished | str:
         """The task's finished record and spool, or why there is none to trust (it is run again)."""
@@ -168,7 +274,9 @@ class RunState:
             return str(exc)
 
     def _check(self, task: catalog.Task, record: Any, spool_path: Path) -> Finished | str:
-        members = {"schema", "run_id", "task", "digest", "spool_sha256", "spool_bytes", "chain_head", "outcome", "mac"}
+        members = {
+            "schema", "run_id", "task", "digest", "spool_sha256", "spool_bytes", "chain_head", "outcome", "span", "mac",
+        }  # fmt: skip
         if not isinstance(record, dict) or set(record) != members:
             return "record.json is not a task record"
         mac = record.pop("mac")
@@ -188,20 +296,13 @@ class RunState:
         if spool.summary.head != record["chain_head"]:
             return "its spool's chain head is not the one recorded"
         outcome = TaskOutcome.from_record(task, record["outcome"], self.run_id)
-        if outcome.ended is not None and (
-            is_infrastructure(outcome.ended.category) or outcome.ended.category == "cancelled"
-        ):
-            return f"it ended for {outcome.ended.category}: run again"
-        result = outcome.result
-        if outcome.status == "completed" and result is not None:
-            logged = spool.summary.eval_results.get(result["session_id"])
-            claimed = (result["complete"], result["headline_value"], result["passed_episodes"])
-            if (
-                logged is None
-                or (logged.get("complete"), logged.get("headline_value"), logged.get("passed_episodes")) != claimed
-            ):
-                return "its outcome is not what its evaluator logged"
-        return Finished(outcome, spool)
+        if problem := _outcome_problem(outcome, spool):
+            return problem
+        span = _span(record["span"])
+        if span is None:
+            return "record.json's span is not [started, finished]"
+        self._spans[task.spec.id] = span
+        return Finished(outcome, spool, span)
 
     def write_run(self) -> None:
         write_atomic(self.folder / "run.json", canonical_json(self.run) + b"\n")
@@ -224,15 +325,17 @@ def create(folder: Path, run_id: str, options: dict[str, Any]) -> RunState:
     (folder / "tasks").mkdir(mode=0o700)
     key = secrets.token_bytes(32)
     write_atomic(folder / "key", key.hex().encode() + b"\n")
+    now = time.time()
     run = {
         "schema": RUN_STATE_SCHEMA,
         "run_id": run_id,
         "harness_version": __version__,
-        "started": time.time(),
+        "started": now,
         "options": options,
     }
-    state = RunState(folder, run, key)
+    state = RunState(folder, run, key, [])
     state.write_run()
+    state.begin_segment(now)
     return state
 
 
@@ -262,4 +365,15 @@ def load(folder: Path) -> RunState:
         raise StateError(f"{folder}/key is missing or not hex") from None
     if len(key) != 32:
         raise StateError(f"{folder}/key is not 32 bytes")
-    return RunState(folder, run, key)
+    return RunState(folder, run, key, _load_segments(folder))
+
+
+def _load_segments(folder: Path) -> list[tuple[float, float]]:
+    try:
+        with open(folder / "segments.json", "rb") as fh:
+            raw = fh.read(MAX_STATE_FILE + 1)
+    except FileNotFoundError:
+        raw = b"[]"  # a folder of a harness before segments: its earlier time counts by its tasks' spans
+    except OSError as exc:
+        raise StateError(f"{folder}/segments.json: {exc.strerror or exc}") from None
+    return parse_segments(raw)

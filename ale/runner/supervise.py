@@ -25,6 +25,7 @@ import trio
 
 from ale.core.parse import ParseError, parse_json
 from ale.runner._groups import collapse
+from ale.runner.lifeline import Child
 from ale.runner.runtime import LineSink, SandboxResult, SandboxSpec
 
 KILL_GRACE_S = 5.0  # between SIGTERM and SIGKILL (docs/agent-contract.md)
@@ -52,10 +53,10 @@ class Killable(Protocol):
 
 
 class Signals:
-    """A :class:`Killable`'s send_term and send_kill, to ``self.process`` alone (a trio.Process or
-    a subprocess.Popen: both have send_signal)."""
+    """A :class:`Killable`'s send_term and send_kill, to ``self.process`` alone (a trio.Process, a
+    :class:`ale.runner.lifeline.Child` or a subprocess.Popen: each has send_signal)."""
 
-    process: trio.Process | subprocess.Popen[bytes]
+    process: trio.Process | Child | subprocess.Popen[bytes]
 
     def send_term(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -70,7 +71,7 @@ class Signals:
 class ChildProcess(Signals):
     """A child process (an evaluator, a gateway) as a :class:`Killable`: signals go to it alone."""
 
-    process: trio.Process
+    process: trio.Process | Child
 
     @property
     def returncode(self) -> int | None:

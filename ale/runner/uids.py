@@ -8,6 +8,11 @@ shares it. A run claims the lowest free uid with an exclusive ``flock`` on
 that still owns a process (a sandbox outliving a killed harness). Its sandboxes then have their
 own ``RLIMIT_NPROC`` count, cannot signal another run's processes, and own no reserved blocks of
 any filesystem.
+
+Tasks that run side by side (``ale run --jobs N``) each get one (:class:`TaskUids`, keyed by the
+task's workspace): the first the run's own, the others claimed the same way and kept for the
+run's next tasks once theirs ended. Their workspaces are owned by that uid with mode 0700, so
+one task's agent can neither read nor signal another's.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 FIRST_UID = 1_879_048_192
@@ -22,8 +29,8 @@ COUNT = 65_536
 LOCK_DIR = Path("/run/ale-uids")
 
 
-class NoFreeUid(RuntimeError):
-    pass
+class NoFreeUid(OSError):
+    """Every uid of the range is held (an OSError: the harness's storage, not the agent's doing)."""
 
 
 def _busy_uids() -> set[int]:
@@ -66,3 +73,42 @@ def claim(lock_dir: Path = LOCK_DIR) -> Claim:
             continue
         return Claim(uid, fd)
     raise NoFreeUid(f"every uid from {FIRST_UID} to {FIRST_UID + COUNT - 1} is in use")
+
+
+class TaskUids:
+    """Each open workspace's uid (its task's): the run's own claim for one task, a claim of its own
+    for each task that runs beside another (the claims of tasks that ended are kept for the next)."""
+
+    def __init__(self, first: Claim, claimer: Callable[[], Claim] = claim) -> None:
+        self.first = first
+        self._claimer = claimer
+        self._of: dict[Path, Claim] = {}
+        self._spare: list[Claim] = []
+        self._lock = threading.Lock()  # the run's tasks open their workspaces from worker threads
+
+    def open(self, workspace: Path) -> int:
+        """Claim a uid for the task of ``workspace`` (NoFreeUid when none is left), and return it."""
+        with self._lock:
+            if workspace in self._of:
+                return self._of[workspace].uid
+            taken = {c.uid for c in self._of.values()}
+            if self.first.uid not in taken:
+                found = self.first
+            elif self._spare:
+                found = self._spare.pop()
+            else:
+                found = self._claimer()
+            self._of[workspace] = found
+            return found.uid
+
+    def uid_for(self, workspace: Path) -> int:
+        """The uid of ``workspace``'s task (the run's own for a workspace not opened)."""
+        with self._lock:
+            found = self._of.get(workspace)
+            return (found or self.first).uid
+
+    def close(self, workspace: Path) -> None:
+        with self._lock:
+            found = self._of.pop(workspace, None)
+            if found is not None and found is not self.first:
+                self._spare.append(found)
