@@ -170,7 +170,13 @@ def score_members(run: RunScore, results: TaskResults, judgements: Mapping[str, 
             {**task_score_document(s), "status": "completed", "judgement": judgements.get(s.task)} for s in run.tasks
         ]
         + [
-            {"task": t.task, "genre": t.genre, "status": t.status, "reason": t.reason}
+            {
+                "task": t.task,
+                "genre": t.genre,
+                "status": t.status,
+                "reason": t.reason,
+                "ended": None if t.ended is None else t.ended.entry(),
+            }
             for t in results.tasks
             if t.status != "completed"
         ],
