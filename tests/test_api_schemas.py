@@ -19,13 +19,16 @@ from urllib.parse import parse_qs, urlsplit
 
 import openapi_spec_validator
 import pytest
+import site_fixtures as sf
 import verifier_helpers as h
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from jsonschema import Draft202012Validator
 from openapi_helpers import DOCUMENT, schema_errors, validator
 
-from ale_verify import db, export, openapi
+from ale.core.results import TASK_RESULTS_SCHEMA, Ended, RunScore, TaskResult, TaskResults
+from ale.core.scoring import aggregate
+from ale_verify import db, export, judging, openapi
 
 SCHEMAS = DOCUMENT["components"]["schemas"]
 OPERATIONS = {
@@ -329,3 +332,39 @@ def test_an_uncompleted_tasks_ending_is_typed_by_the_closed_sets() -> None:
     assert schema_errors(schema, {**task, "ended": {"phase": "agent", "category": "agent/timeout"}}) == []
     assert schema_errors(schema, {**task, "ended": {"phase": "agent", "category": "agent/bored"}})
     assert schema_errors(schema, {**task, "ended": {"phase": "lunch", "category": "agent/timeout"}})
+
+
+def test_the_static_sites_mix_of_runs_answers_and_exports_as_the_document_says(world: h.World, tmp_path: Path) -> None:
+    """tests/site_fixtures.py's mix (complete and partial runs, tied and separated intervals,
+    judged, unjudged and pending tasks, token counts, runner kinds, rejected, audited, revoked):
+    the boards, each submission and leaderboard.json hold to the document."""
+    database = tmp_path / "verifier.sqlite3"
+    ids = sf.fill_mix(database)
+
+    async def go() -> None:
+        check = Checker(h.Verifier(world, tmp_path, database=database))
+        for category in openapi.CATEGORY["enum"]:
+            await check("GET", f"/api/v1/leaderboard?category={category}", 200)
+        for sid in [*ids["accepted"], *ids["rejected"]]:
+            await check("GET", f"/api/v1/submissions/{sid}", 200)
+
+    h.run(go())
+    export.export_site(database, tmp_path / "site")
+    data = json.loads((tmp_path / "site" / "leaderboard.json").read_bytes())
+    assert schema_errors(openapi.ref("LeaderboardExport"), data) == []
+    assert len(data["submissions"]) == len(ids["accepted"])
+
+
+def test_the_summary_says_how_an_uncompleted_task_ended() -> None:
+    """judging.score_members (every accepted upload's summary, and its re-scoring) keeps the
+    bundle's ``ended`` of a task that ended early; null when the bundle records none."""
+    tasks = (
+        TaskResult("a@1", "open", "batch", 10, "not_completed", "the agent timed out", None,
+                   Ended("agent", "agent/timeout")),
+        TaskResult("b@1", "reproduction", "batch", 10, "not_completed", "an older bundle", None),
+    )  # fmt: skip
+    run = RunScore((), aggregate([], required=["a@1", "b@1"]))
+    members = judging.score_members(run, TaskResults(TASK_RESULTS_SCHEMA, "run-1", tasks), {})
+    assert [t["ended"] for t in members["tasks"]] == [{"phase": "agent", "category": "agent/timeout"}, None]
+    for task in members["tasks"]:
+        assert schema_errors(openapi.ref("UncompletedTask"), task) == []
