@@ -208,11 +208,13 @@ ACCEPTED_SUMMARY = closed(
 )
 #: A rejected upload keeps only its ciphertext's digest.
 REJECTED_SUMMARY = closed({"ciphertext_sha256": {"type": "string", "pattern": "^([0-9a-f]{64})?$"}})
+#: What an entry of a submission's audit history records (verify/pipeline.py, db.change_level, db._apply).
+HISTORY_ACTIONS = ("accepted", "rejected", "audited", "revoked", "judged", "rescored")
 HISTORY_ENTRY = closed(
     {
         "at": NUMBER,
         "actor": STRING,
-        "action": STRING,
+        "action": {"enum": list(HISTORY_ACTIONS)},
         "from_level": LEVEL,
         "to_level": LEVEL,
         "reason": STRING,
