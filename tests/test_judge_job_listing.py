@@ -10,10 +10,13 @@ import json
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import pytest
 import verifier_helpers as h
+from fuzzing import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
 from openapi_helpers import schema_errors
 
 from ale_verify import cli, db, openapi
@@ -131,6 +134,53 @@ def test_hostile_judge_job_query_parameters_are_a_clear_400(site: h.Verifier, ca
     assert names in reply.json["error"]["message"]
     assert schema_errors(openapi.ref("Error"), reply.json) == []
     h.run(site.assert_healthy())
+
+
+@pytest.fixture(scope="module")
+def fuzz_site(world: h.World, tmp_path_factory: pytest.TempPathFactory) -> h.Verifier:
+    v = h.Verifier(world, tmp_path_factory.mktemp("fuzz-jobs"))
+    _fill(v.settings.database)
+    return v
+
+
+def _expected(pairs: list[tuple[str, str]]) -> bool:
+    """Whether the listing takes these parameters (docs/verifier.md, "Judge jobs"), written apart
+    from the route: known names, each once, ``state`` a state, the integers ASCII digits in range."""
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names) or not set(names) <= {"state", "limit", "offset"}:
+        return False
+    for name, value in pairs:
+        if name == "state" and value not in ("pending", "running", "failed", "done"):
+            return False
+        if name != "state" and not (value.isascii() and value.isdigit()):
+            return False
+        if name == "limit" and not 1 <= int(value) <= 500:
+            return False
+        if name == "offset" and not 0 <= int(value) <= 10**9:
+            return False
+    return True
+
+
+_NAMES = st.sampled_from(["state", "limit", "offset", "page", "level", "limit ", "LIMIT"])
+_VALUES = st.one_of(
+    st.text(max_size=30),
+    st.integers(-(10**12), 10**12).map(str),
+    st.sampled_from(["pending", "done", "stuck", "", "0", "500", "501", "1000000000", "1000000001", "\u0665", "1e3"]),
+)
+
+
+@pytest.mark.fuzz
+@fuzz_settings
+@given(st.lists(st.tuples(_NAMES, _VALUES), max_size=4))
+def test_fuzz_judge_job_query_is_a_page_or_a_clear_400(fuzz_site: h.Verifier, pairs: list[tuple[str, str]]) -> None:
+    reply = h.run(fuzz_site.get(f"/api/v1/operator/judge-jobs?{urlencode(pairs)}", user=h.OPERATOR))
+    if _expected(pairs):
+        assert reply.status == 200, (pairs, reply.body)
+        assert schema_errors(openapi.ref("JudgeJobs"), reply.json) == []
+        assert len(reply.json["jobs"]) <= reply.json["limit"] <= 500
+    else:
+        assert reply.status == 400, (pairs, reply.body)
+        assert reply.reason in {"bad_request", "unknown_field", "self_elevation"}, (pairs, reply.body)
 
 
 def test_the_judge_job_listing_is_for_operators(site: h.Verifier) -> None:
