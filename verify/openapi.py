@@ -3,10 +3,10 @@
 Every request and response body has a complete schema: each object lists its members, all
 required, with ``additionalProperties: false`` wherever the server writes exactly those members
 (tests/test_api_schemas.py validates real answers against it). The shapes are made by a few named
-helpers (:func:`closed`, :func:`nullable`, :func:`ref`, :func:`array`, :func:`mapping`, :func:`_operation`,
-:func:`_json_body`, :func:`_query`)
-so that each is written once. The components also hold ``leaderboard.json``'s schema
-(``LeaderboardExport``, docs/leaderboard-export.md), which no endpoint serves.
+helpers (:func:`closed`, :func:`nullable`, :func:`ref`, :func:`array`, :func:`mapping`,
+:func:`_operation`, :func:`_json_body`, :func:`_query`) so that each is written once. The
+components also hold ``leaderboard.json``'s schema (``LeaderboardExport``,
+docs/leaderboard-export.md), which no endpoint serves.
 """
 
 from __future__ import annotations
