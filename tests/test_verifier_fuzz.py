@@ -60,6 +60,10 @@ def test_document_structure() -> None:
             for status, response in op["responses"].items():
                 assert status.isdigit()
                 assert response["description"]
+                if status == "302":  # a redirect (the login flow) has no body, a Location
+                    assert "content" not in response
+                    assert response["headers"]["Location"]["required"]
+                    continue
                 schema = response["content"]["application/json"]["schema"]
                 if (method, path, status) == ("post", "/api/v1/submissions", "422"):
                     assert schema == {"$ref": "#/components/schemas/Verdict"}  # a rejection is a verdict
@@ -72,16 +76,7 @@ def test_document_structure() -> None:
                     assert "{" + param["name"] + "}" in path
 
 
-def test_every_api_route_is_documented(world: h.World, tmp_path: Path) -> None:
-    app = h.Verifier(world, tmp_path).app
-    routes = {
-        f"{method} {rule.rule.replace('<', '{').replace('>', '}')}"
-        for rule in app.url_map.iter_rules()
-        for method in rule.methods or ()
-        if method not in ("HEAD", "OPTIONS") and (rule.rule.startswith("/api/v1/") or rule.rule == "/healthz")
-    }
-    routes.discard("GET /api/v1/openapi.json")  # the document itself
-    assert routes == set(OPERATIONS)
+# Every route registered is documented and the other way round: tests/test_api_schemas.py.
 
 
 # -- the fuzz ------------------------------------------------------------------------------------

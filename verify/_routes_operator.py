@@ -1,16 +1,19 @@
-"""The operator API: level changes (audit, revoke), the trusted runner keys and judge keys."""
+"""The operator API: level changes (audit, revoke), the trusted runner keys and judge keys, the
+judge jobs."""
 
 from __future__ import annotations
 
 import base64
+import re
+import time
 from typing import Any
 
-from quart import Blueprint
+from quart import Blueprint, request
 
 from ale.core import signing
 from ale_verify import db, judging
 from ale_verify._routes_public import public_submission
-from ale_verify._web import ApiError, operator, run_db, state
+from ale_verify._web import ApiError, operator, refuse_fields, run_db, state
 from ale_verify.bodies import JudgeKeyBody, LevelChange, Revocation, RunnerKey, json_body
 
 bp = Blueprint("operator", __name__, url_prefix="/api/v1/operator")
@@ -153,3 +156,58 @@ async def revoke_judge_key(user: str, key_id: str) -> Any:
             409, "conflict", f"the key stays active: a submission it credited cannot be re-scored: {exc}"
         ) from None
     return {"key": _judge_key(row), "rescored": rescored}
+
+
+# -- judge jobs (docs/verifier.md, "Judge jobs") -------------------------------------------------
+
+#: A query integer: ASCII digits only (no sign, space, exponent or other scripts' digits).
+_DIGITS = re.compile(r"[0-9]{1,12}")
+JOB_QUERY = ("state", "limit", "offset")
+
+
+def judge_job_listing(where: db.Where, *, state: str | None, limit: int, offset: int, now: float) -> dict[str, Any]:
+    """The judge jobs as ``GET /api/v1/operator/judge-jobs`` and ``ale-verify judge-jobs`` give
+    them: the counts by state, the oldest pending job and its age, and one page of jobs."""
+    page = db.judge_job_page(where, state=state, limit=limit, offset=offset)
+    oldest = page["oldest_pending_queued_at"]
+    shown = offset + len(page["jobs"])
+    return {
+        "counts": page["counts"],
+        "oldest_pending_queued_at": oldest,
+        "oldest_pending_age_s": None if oldest is None else max(0.0, now - oldest),
+        "state": state,
+        "limit": limit,
+        "offset": offset,
+        "total": page["total"],
+        "next_offset": shown if shown < page["total"] and page["jobs"] else None,
+        "jobs": page["jobs"],
+    }
+
+
+def _one_arg(name: str) -> str | None:
+    given = request.args.getlist(name)
+    if len(given) > 1:
+        raise ApiError(400, "bad_request", f"{name} is given once")
+    return given[0] if given else None
+
+
+def _int_arg(name: str, default: int, low: int, high: int) -> int:
+    raw = _one_arg(name)
+    if raw is None:
+        return default
+    if _DIGITS.fullmatch(raw) is None or not low <= int(raw) <= high:
+        raise ApiError(400, "bad_request", f"{name} is an integer from {low} to {high} (ASCII digits)")
+    return int(raw)
+
+
+@bp.get("/judge-jobs")
+@operator
+async def list_judge_jobs(user: str) -> Any:
+    refuse_fields(request.args, allowed=JOB_QUERY, what="parameters")
+    wanted = _one_arg("state")
+    if wanted is not None and wanted not in db.JUDGE_JOB_STATES:
+        raise ApiError(400, "bad_request", f"state is one of {', '.join(db.JUDGE_JOB_STATES)}")
+    limit = _int_arg("limit", db.JOB_PAGE_DEFAULT, 1, db.JOB_PAGE_MAX)
+    offset = _int_arg("offset", 0, 0, db.JOB_OFFSET_MAX)
+    return await run_db(judge_job_listing, state().settings.database, state=wanted, limit=limit, offset=offset,
+                        now=time.time())  # fmt: skip

@@ -35,7 +35,7 @@ HTTP_REASONS = {404: "not_found", 405: "method_not_allowed", 413: "too_large", 4
 
 
 def create_app(settings: Settings) -> Quart:
-    app = Quart("ale_verify")
+    app = Quart("ale_verify", static_folder=None)  # no file route: every route is the API (openapi.py)
     signing_key = settings.signing_key_file.read_bytes()
     app.secret_key = signing_key  # signs the session cookie (OAuth state, login)
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax", MAX_CONTENT_LENGTH=None)

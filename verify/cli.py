@@ -9,13 +9,16 @@ import secrets
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ale_verify import __version__
 from ale_verify.config import Settings
+from ale_verify.db import JOB_OFFSET_MAX, JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JUDGE_JOB_STATES
 
 if TYPE_CHECKING:
     from ale.core.verify import RunnerKey
+
+N = TypeVar("N", int, float)
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -210,24 +213,76 @@ def cmd_export_site(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _period(raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds") from None
-    if not 0.1 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"{raw!r}: between 0.1 and 86400 seconds")
-    return value
+def _bounded(convert: Callable[[str], N], low: N, high: N, unit: str) -> Callable[[str], N]:
+    """An argparse type: the argument as ``convert`` reads it, from ``low`` to ``high`` ``unit``."""
+
+    def parse(raw: str) -> N:
+        try:
+            value = convert(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not a number of {unit}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{raw!r}: between {low} and {high} {unit}")
+        return value
+
+    return parse
 
 
-def _workers(raw: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of worker processes") from None
-    if not 0 <= value <= 1024:
-        raise argparse.ArgumentTypeError(f"{raw!r}: between 0 and 1024 worker processes")
-    return value
+_period = _bounded(float, 0.1, 86400, "seconds")
+_workers = _bounded(int, 0, 1024, "worker processes")
+
+
+def cmd_judge_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    """The verifier's judge jobs (docs/verifier.md, "Judge jobs"): what the operator endpoint gives."""
+    import time
+
+    from ale_verify import db
+    from ale_verify._routes_operator import judge_job_listing
+
+    if not db.exists(settings.database):
+        print("ale-verify: error: the database does not exist yet (ale-verify migrate makes it)", file=sys.stderr)
+        return 2
+    listing = judge_job_listing(
+        settings.database, state=args.state, limit=args.limit, offset=args.offset, now=time.time()
+    )
+    if args.json:
+        print(json.dumps(listing, indent=2, sort_keys=True))
+        return 0
+    for line in judge_job_lines(listing):
+        print(line)
+    return 0
+
+
+def _when(epoch: float | None) -> str:
+    import datetime
+
+    if epoch is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(epoch, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def judge_job_lines(listing: dict[str, Any]) -> list[str]:
+    """The listing as text: the counts and the oldest pending job's age, a line per job (a failed
+    or retried one's last error on it), then where the next page starts."""
+    counts = listing["counts"]
+    head = "judge jobs: " + ", ".join(f"{counts[name]} {name}" for name in counts)
+    if listing["oldest_pending_age_s"] is not None:
+        head += (f"; oldest pending queued {_when(listing['oldest_pending_queued_at'])} "
+                 f"({listing['oldest_pending_age_s']:.0f} s ago)")  # fmt: skip
+    lines = [head]
+    for job in listing["jobs"]:
+        line = (f"{job['state']:<8} {job['submission_id']} {job['task']} attempts {job['attempts']} "
+                f"queued {_when(job['queued_at'])}")  # fmt: skip
+        if job["last_error"]:
+            line += f" last error: {job['last_error']}"
+        lines.append(line)
+    first, shown = listing["offset"], len(listing["jobs"])
+    which = f" {listing['state']}" if listing["state"] else ""
+    span = f"{first + 1}-{first + shown}" if shown else "none"
+    tail = f"showing {span} of {listing['total']}{which}"
+    if listing["next_offset"] is not None:
+        tail += f"; next: --offset {listing['next_offset']}"
+    return [*lines, tail]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -312,6 +367,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep running: export again whenever the database changed, looking every SECONDS (deploy/compose.yaml)",
     )
     site.set_defaults(func=cmd_export_site)
+    jobs = sub.add_parser("judge-jobs", help="list the verifier's judge jobs: counts, the oldest pending, one page")
+    jobs.add_argument("--state", choices=JUDGE_JOB_STATES, help="only the jobs in this state (default: all)")
+    jobs.add_argument(
+        "--limit",
+        type=_bounded(int, 1, JOB_PAGE_MAX, "jobs"),
+        default=JOB_PAGE_DEFAULT,
+        help=f"jobs in the page (default {JOB_PAGE_DEFAULT}, at most {JOB_PAGE_MAX})",
+    )
+    jobs.add_argument(
+        "--offset", type=_bounded(int, 0, JOB_OFFSET_MAX, "jobs"), default=0, help="jobs skipped, in queue order"
+    )
+    jobs.add_argument("--json", action="store_true", help="print the listing as the operator endpoint gives it")
+    jobs.set_defaults(func=cmd_judge_jobs)
     return parser
 
 

@@ -1164,8 +1164,38 @@ def finish_judge_job(
 
 def judge_jobs(where: Where, submission_id: str | None = None) -> list[dict[str, Any]]:
     """The judge jobs (of one submission), without their inputs."""
-    columns = ("submission_id, task, state, input_sha256, attempts, not_before, claimed_by, lease_until, outcome, "
-               "last_error, queued_at, finished_at, judge_input IS NOT NULL AS has_input")  # fmt: skip
     where_clause, params = ("WHERE submission_id = ? ", [submission_id]) if submission_id else ("", [])
     with connect(where) as s:
-        return s.rows(f"SELECT {columns} FROM judge_jobs {where_clause}ORDER BY queued_at, submission_id, task", params)
+        order = "ORDER BY queued_at, submission_id, task"
+        return s.rows(f"SELECT {_JOB_COLUMNS} FROM judge_jobs {where_clause}{order}", params)
+
+
+#: What a judge job's listing shows of it (not its input: whether it still holds one).
+_JOB_COLUMNS = ("submission_id, task, state, input_sha256, attempts, not_before, claimed_by, lease_until, outcome, "
+                "last_error, queued_at, finished_at, judge_input IS NOT NULL AS has_input")  # fmt: skip
+#: A judge job's states, in the order the operator listing counts them.
+JUDGE_JOB_STATES = ("pending", "running", "failed", "done")
+#: The listing's page: jobs by default, at most, and the largest offset (docs/verifier.md, "Judge jobs").
+JOB_PAGE_DEFAULT, JOB_PAGE_MAX, JOB_OFFSET_MAX = 50, 500, 10**9
+
+
+def judge_job_page(where: Where, *, state: str | None, limit: int, offset: int) -> dict[str, Any]:
+    """The operator's view of the judge jobs: the count in each state, the oldest pending job's
+    ``queued_at``, and one page (``limit`` from ``offset``, in queue order) of the jobs in
+    ``state`` (all without), without their inputs; ``total`` is how many the filter matches."""
+    where_clause, params = ("WHERE state = ? ", [state]) if state else ("", [])
+    with connect(where) as s:
+        counts = {r["state"]: int(r["n"]) for r in s.rows("SELECT state, count(*) AS n FROM judge_jobs GROUP BY state")}
+        oldest = s.one("SELECT min(queued_at) FROM judge_jobs WHERE state = 'pending'")[0]
+        jobs = s.rows(
+            f"SELECT {_JOB_COLUMNS} FROM judge_jobs {where_clause}ORDER BY queued_at, submission_id, task "
+            "LIMIT ? OFFSET ?",
+            [*params, limit, offset],
+        )
+    by_state = {name: counts.get(name, 0) for name in JUDGE_JOB_STATES}
+    return {
+        "counts": by_state,
+        "oldest_pending_queued_at": None if oldest is None else float(oldest),
+        "total": by_state[state] if state else sum(by_state.values()),
+        "jobs": [{**job, "has_input": bool(job["has_input"])} for job in jobs],
+    }
