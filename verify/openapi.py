@@ -193,6 +193,7 @@ ACCEPTED_SUMMARY = closed(
         "official_episode_counts": BOOLEAN,
         "started": nullable(STRING),
         "finished": nullable(STRING),
+        "active_s": nullable({"type": "number", "minimum": 0}),  # the run's active spans (docs/formats.md)
         "usage": nullable(OBJECT),
         "network_proxy": nullable(OBJECT),
         "runtime": nullable(OBJECT),
@@ -205,7 +206,7 @@ ACCEPTED_SUMMARY = closed(
         "trajectory_events": COUNT,
     },
     # members a later verifier added: a row an older one stored lacks them
-    optional=("intervals", "runtime", "release_images", "image_provenance"),
+    optional=("intervals", "runtime", "release_images", "image_provenance", "active_s"),
 )
 #: A rejected upload keeps only its ciphertext's digest.
 REJECTED_SUMMARY = closed({"ciphertext_sha256": {"type": "string", "pattern": "^([0-9a-f]{64})?$"}})
