@@ -468,6 +468,14 @@ class SqliteEngine:
     def begin(self, conn: Any, lock: Sequence[str]) -> None:
         conn.execute("BEGIN IMMEDIATE")  # the database's write lock: it holds every table
 
+    def identity(self) -> tuple[int, int] | None:
+        """Which file is at the path now (a connection kept open follows a file moved away)."""
+        try:
+            st = self.location.path.stat()
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
     def migration_lock(self, conn: Any) -> None:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("BEGIN IMMEDIATE")
@@ -542,6 +550,10 @@ class PostgresEngine:
             return
         with self._pool_for().connection() as conn:
             yield conn
+
+    def identity(self) -> None:
+        """(The server is the same whatever becomes of a connection: the pool checks them.)"""
+        return None
 
     def begin(self, conn: Any, lock: Sequence[str]) -> None:
         conn.execute("BEGIN")
@@ -698,6 +710,9 @@ class _Writer:
         self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
+        self._held = contextlib.ExitStack()  # the writer's connection, kept open between commits
+        self._conn: Any = None
+        self._identity: Any = None  # the database file it has open (SqliteEngine.identity)
         self._thread = threading.Thread(target=self._run, name="ale-verify-db-writer", daemon=True)
         self._thread.start()
 
@@ -720,6 +735,12 @@ class _Writer:
             self._thread.join()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._drop()
+
+    def _serve(self) -> None:
         while True:
             first = self._queue.get()
             if first is None:
@@ -741,9 +762,10 @@ class _Writer:
     def _commit(self, batch: list[_Unit]) -> None:
         """One transaction for the batch: each unit in a savepoint, one commit; then the callers."""
         done: list[tuple[bool, Any]] = []
+        found = engine(self.where)
         try:
-            found = engine(self.where)
-            with _translated(found), found.session() as conn:
+            with _translated(found):
+                conn = self._connection(found)
                 found.begin(conn, _ordered({t for unit in batch for t in unit.lock}))
                 try:
                     s = Session(conn, found)
@@ -754,6 +776,7 @@ class _Writer:
                     raise
                 conn.execute("COMMIT")
         except BaseException as exc:  # nothing of the batch is stored: every caller is told
+            self._drop()  # the next commit opens a new connection
             for unit in batch:
                 unit.future.set_exception(_for_each(exc))
             if not isinstance(exc, Exception):
@@ -764,6 +787,23 @@ class _Writer:
                 unit.future.set_result(value)
             else:
                 unit.future.set_exception(value)
+
+    def _connection(self, found: SqliteEngine | PostgresEngine) -> Any:
+        """The writer's connection, opened once: a SQLite connection closed after each commit
+        would, as the database's last one, checkpoint the WAL into the database file each time."""
+        if self._conn is not None and found.identity() != self._identity:
+            self._drop()  # the file was moved or replaced: the path's file is the database
+        if self._conn is None:
+            identity = found.identity()
+            self._conn = self._held.enter_context(found.session())
+            self._identity = identity
+        return self._conn
+
+    def _drop(self) -> None:
+        self._conn = None
+        with contextlib.suppress(Exception):
+            self._held.close()
+        self._held = contextlib.ExitStack()
 
 
 def _savepoint(s: Session, unit: _Unit) -> tuple[bool, Any]:
