@@ -440,6 +440,8 @@ _SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 8, 10, 11, 13, 14, 15, 26})
 @attrs.define
 class SqliteEngine:
     location: SqliteUrl
+    #: The writer (:func:`write`) keeps its connection between commits (see _Writer._connection).
+    keeps_writer_connection = True
 
     def sql(self, sql: str) -> str:
         return sql
@@ -510,6 +512,9 @@ class PostgresEngine:
     _pool: psycopg_pool.ConnectionPool[Any] | None = None
     _lock: threading.Lock = attrs.Factory(threading.Lock)
     _translated: dict[str, str] = attrs.Factory(dict)
+    #: The writer takes a pool connection per commit (the pool checks it: a server restarted
+    #: between two commits costs none of them).
+    keeps_writer_connection = False
 
     def sql(self, sql: str) -> str:
         found = self._translated.get(sql)
@@ -710,7 +715,7 @@ class _Writer:
         self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
-        self._held = contextlib.ExitStack()  # the writer's connection, kept open between commits
+        self._held = contextlib.ExitStack()  # the writer's connection (_connection)
         self._conn: Any = None
         self._identity: Any = None  # the database file it has open (SqliteEngine.identity)
         self._thread = threading.Thread(target=self._run, name="ale-verify-db-writer", daemon=True)
@@ -775,12 +780,12 @@ class _Writer:
                         conn.execute("ROLLBACK")
                     raise
                 conn.execute("COMMIT")
+            if not found.keeps_writer_connection:
+                self._drop()
         except BaseException as exc:  # nothing of the batch is stored: every caller is told
             self._drop()  # the next commit opens a new connection
-            for unit in batch:
+            for unit in batch:  # (the thread goes on whatever it was: the next callers must be answered)
                 unit.future.set_exception(_for_each(exc))
-            if not isinstance(exc, Exception):
-                raise
             return
         for unit, (ok, value) in zip(batch, done, strict=True):
             if ok:
@@ -789,8 +794,9 @@ class _Writer:
                 unit.future.set_exception(value)
 
     def _connection(self, found: SqliteEngine | PostgresEngine) -> Any:
-        """The writer's connection, opened once: a SQLite connection closed after each commit
-        would, as the database's last one, checkpoint the WAL into the database file each time."""
+        """The writer's connection, kept between commits on SQLite: a connection closed after each
+        commit would, as the database's last one, checkpoint the WAL into the database file each
+        time (PostgreSQL's goes back to the pool after each commit)."""
         if self._conn is not None and found.identity() != self._identity:
             self._drop()  # the file was moved or replaced: the path's file is the database
         if self._conn is None:
