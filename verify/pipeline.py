@@ -26,7 +26,8 @@ the site's records; :func:`record` is step 14.
     own, judging pending, its judge asked after the upload by ale_verify.judge_worker; else
     unjudged, final 0) and the scores the board shows (ale_verify.judging.plan)
 13. audit summary
-14. persist metadata (submission row + audit log entry, and the judge jobs it leaves)
+14. persist metadata (submission row + audit log entry, the judge jobs it leaves, and the use of
+    the challenge step 8 claimed: one transaction)
 15. delete the plaintext and ciphertext temp files (every path, failures included)
 """
 
