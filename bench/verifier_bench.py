@@ -18,7 +18,9 @@ Run: .venv/bin/python bench/verifier_bench.py [--quick] [--out bench/results/ver
 3. Load: ``ale-verify serve --workers 1`` and then ``--workers 2`` on 127.0.0.1 as a subprocess,
    50 concurrent httpx clients each uploading a small real bundle (~300 KB) again and again for a
    fixed time: uploads/s side by side (and their ratio), p50/p99 latency, errors (any response
-   but 201 accepted), the server's processes' CPU, the load average.
+   but 201 accepted), the server's processes' CPU, the load average. The databases are in the
+   work dir (default: the system's temp dir, a real disk with real fsyncs; ``--work-dir /dev/shm``
+   takes the disk out of the figures).
 """
 
 from __future__ import annotations
@@ -839,7 +841,8 @@ def main() -> None:
               + ", ".join(f"{k} {v * 1000:.1f}" for k, v in top[:4]))  # fmt: skip
 
         loads = {n: bench_load(data, small, args.clients, duration, sequential, n) for n in args.load_workers}
-        print(f"load: {args.clients} clients x {duration:.0f} s, {len(small):,} B bundle each upload:")
+        print(f"load: {args.clients} clients x {duration:.0f} s, {len(small):,} B bundle each upload, databases"
+              f" in {tmp} (each 201 is on its disk: SQLite synchronous=FULL, group commit):")  # fmt: skip
         for n, load in loads.items():
             print(f"  --workers {n}: {load['uploads_ok']} accepted, {load['errors']} errors,"
                   f" {load['uploads_per_s']:.1f} uploads/s; latency p50 {load['latency_p50_s'] * 1000:.0f} ms,"

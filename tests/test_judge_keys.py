@@ -196,10 +196,10 @@ def test_a_key_revoked_while_an_upload_is_checked_is_not_credited_to_it(
     async def go() -> None:
         v = h.Verifier(world, tmp_path)
 
-        def revoke_first(*args: Any, **kwargs: Any) -> None:
+        def revoke_first(*args: Any, **kwargs: Any) -> bool:
             db.revoke_judge_key(v.settings.database, kid, actor=h.OPERATOR, reason="meanwhile", configured=None,
                                 rescore=judging.after_revocation)  # fmt: skip
-            real(*args, **kwargs)
+            return real(*args, **kwargs)
 
         assert (await v.post(KEYS, user=h.OPERATOR, json={"public_key": public, "label": "team"})).status == 201
         monkeypatch.setattr(pipeline, "_persist", revoke_first)

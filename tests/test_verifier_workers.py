@@ -491,6 +491,55 @@ def test_a_worker_killed_mid_upload_fails_that_upload_and_the_pool_recovers(
     assert all(not _alive(pid) for pid in pool.pids())
 
 
+def test_a_worker_that_dies_after_its_challenge_was_claimed_leaves_the_challenge_unused_for_a_retry(
+    world: h.World, tmp_path: Path
+) -> None:
+    """The worker is killed after the server answered that its challenge is unused (step 8): the
+    upload is stored as worker_failed without using the challenge (its use is stored with the
+    verdict, in one transaction), so the same bundle, uploaded again, is accepted."""
+    pool, settings = _pool(world, tmp_path, processes=1)
+    try:
+        site = LocalSite(settings)
+        entered, release = threading.Event(), threading.Event()
+
+        class HeldAfterConsume:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(site, name)
+
+            def consume(self, challenge_id: str, submission_id: str) -> bool:
+                claimed = site.consume(challenge_id, submission_id)
+                entered.set()
+                assert release.wait(120)
+                return claimed
+
+        pool._site = HeldAfterConsume()  # type: ignore[assignment]
+        data = _challenged(world, settings)
+        killed = _submit(pool, settings, data, "a.ale")
+        assert entered.wait(120)  # the challenge is claimed; the worker waits for the answer
+        (victim,) = pool.pids()
+        os.kill(victim, signal.SIGKILL)
+        outcome = killed.result(timeout=60)
+        assert (outcome.status, outcome.reason) == ("rejected", "worker_failed")
+        release.set()
+        (row,) = db.all_submissions(settings.database)
+        assert row["reason"] == "worker_failed"
+        challenge = _only_challenge(settings.database)
+        assert (challenge["used_at"], challenge["used_by_submission"]) == (None, None)
+        pool._site = site
+        _wait(lambda: pool.pids() not in ([], [victim]), "a new worker")
+        again = _submit(pool, settings, data, "b.ale").result(timeout=120)
+        assert (again.status, again.level) == ("accepted", "validated"), again.reasons
+        assert _only_challenge(settings.database)["used_by_submission"] == again.submission_id
+    finally:
+        pool.close()
+
+
+def _only_challenge(database: Any) -> dict[str, Any]:
+    with db.connect(database) as s:
+        (row,) = s.rows("SELECT * FROM challenges")
+    return row
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -10,20 +10,30 @@ two schemas to each other (tests/test_verifier_postgres.py).
 Every function here is blocking, so callers run it in a worker thread (``await run_db(fn,
 ...)``); no other module touches SQL. A database that cannot be reached or used raises
 :class:`Unavailable` (the API's 503), whatever the engine.
+
+The uploads' writes (a rate limit's take, a challenge, a submission with its audit entry, its
+judge jobs and its challenge's use) go through :func:`write`: one thread per process and database
+gathers the writes that wait and commits them in one transaction, so concurrent uploads share one
+commit (one fsync) instead of queueing for the database's write lock one commit each (group
+commit). Each caller returns once the commit that holds its write is durable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import queue
 import secrets
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 import attrs
@@ -33,6 +43,8 @@ from ale.core.reasons import REASONS, Level, Reason, Use
 if TYPE_CHECKING:
     import psycopg_pool
 
+T = TypeVar("T")
+
 LEVELS = tuple(level.value for level in Level)
 RUNNER_KINDS = ("benchmark_team", "approved_third_party", "hardware_attested", "official_rerun")
 
@@ -40,6 +52,11 @@ RUNNER_KINDS = ("benchmark_team", "approved_third_party", "hardware_attested", "
 #: (or for the server, when connecting) before it is answered 503.
 POOL_MAX = 10
 WAIT_S = 5.0
+#: The tables a write transaction may hold against other writers, in the one order every
+#: transaction takes them (PostgreSQL's table locks: no two transactions wait for each other).
+LOCK_ORDER = ("judge_keys", "submissions", "judge_jobs", "challenges", "rate_events")
+#: Writes one commit of :func:`write` holds at most.
+MAX_BATCH = 64
 
 
 @attrs.frozen
@@ -423,6 +440,8 @@ _SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 8, 10, 11, 13, 14, 15, 26})
 @attrs.define
 class SqliteEngine:
     location: SqliteUrl
+    #: The writer (:func:`write`) keeps its connection between commits (see _Writer._connection).
+    keeps_writer_connection = True
 
     def sql(self, sql: str) -> str:
         return sql
@@ -442,12 +461,22 @@ class SqliteEngine:
         try:
             conn.execute("PRAGMA busy_timeout = 30000")
             conn.execute("PRAGMA foreign_keys = ON")
+            # every commit is on disk when it returns (WAL's NORMAL would lose the last ones on power loss)
+            conn.execute("PRAGMA synchronous = FULL")
             yield conn
         finally:
             conn.close()
 
     def begin(self, conn: Any, lock: Sequence[str]) -> None:
         conn.execute("BEGIN IMMEDIATE")  # the database's write lock: it holds every table
+
+    def identity(self) -> tuple[int, int] | None:
+        """Which file is at the path now (a connection kept open follows a file moved away)."""
+        try:
+            st = self.location.path.stat()
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
 
     def migration_lock(self, conn: Any) -> None:
         conn.execute("PRAGMA journal_mode = WAL")
@@ -483,6 +512,9 @@ class PostgresEngine:
     _pool: psycopg_pool.ConnectionPool[Any] | None = None
     _lock: threading.Lock = attrs.Factory(threading.Lock)
     _translated: dict[str, str] = attrs.Factory(dict)
+    #: The writer takes a pool connection per commit (the pool checks it: a server restarted
+    #: between two commits costs none of them).
+    keeps_writer_connection = False
 
     def sql(self, sql: str) -> str:
         found = self._translated.get(sql)
@@ -524,6 +556,10 @@ class PostgresEngine:
         with self._pool_for().connection() as conn:
             yield conn
 
+    def identity(self) -> None:
+        """(The server is the same whatever becomes of a connection: the pool checks them.)"""
+        return None
+
     def begin(self, conn: Any, lock: Sequence[str]) -> None:
         conn.execute("BEGIN")
         for table in lock:  # as SQLite's BEGIN IMMEDIATE: writers of these tables wait, readers do not
@@ -560,6 +596,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 _ENGINES: dict[Location, SqliteEngine | PostgresEngine] = {}
+_WRITERS: dict[Location, _Writer] = {}
 _ENGINES_LOCK = threading.Lock()
 
 
@@ -574,11 +611,17 @@ def engine(where: Where) -> SqliteEngine | PostgresEngine:
 
 
 def close(where: Where | None = None) -> None:
-    """Close one database's pool, or every one (``None``); the next call opens it again."""
+    """Close one database's pool and writer, or every one (``None``); the next call opens them again
+    (the writes waiting are committed first)."""
     with _ENGINES_LOCK:
         engines = list(_ENGINES.values()) if where is None else [_ENGINES.pop(location(where), None)]
+        writers = list(_WRITERS.values()) if where is None else [_WRITERS.pop(location(where), None)]
         if where is None:
             _ENGINES.clear()
+            _WRITERS.clear()
+    for writer in writers:
+        if writer is not None:
+            writer.stop()
     for found in engines:
         if found is not None:
             found.close()
@@ -611,13 +654,187 @@ def transaction(where: Where, *, lock: Sequence[str] = ()) -> Iterator[Session]:
     tables it reads before it writes, which no other writer may change meanwhile."""
     found = engine(where)
     with _translated(found), found.session() as conn:
-        found.begin(conn, lock)
+        found.begin(conn, _ordered(lock))
         try:
             yield Session(conn, found)
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+
+def _ordered(tables: Sequence[str] | set[str]) -> list[str]:
+    """Tables to lock, in :data:`LOCK_ORDER` (a name not in it is the verifier's bug)."""
+    unknown = set(tables) - set(LOCK_ORDER)
+    if unknown:
+        raise ValueError(f"not a table a transaction locks: {sorted(unknown)}")
+    return [t for t in LOCK_ORDER if t in tables]
+
+
+# -- group commit ------------------------------------------------------------------------------
+
+
+def write(where: Where, unit: Callable[[Session], T], *, lock: Sequence[str] = ()) -> T:
+    """Run ``unit`` in a write transaction and return what it returns once that transaction is
+    committed (on disk: SQLite's ``synchronous = FULL``, PostgreSQL's ``synchronous_commit``).
+
+    The transaction is shared: this process's writer thread gathers the units that wait (at most
+    :data:`MAX_BATCH`), takes the union of their ``lock`` tables (as :func:`transaction` does) and
+    runs them one after the other, each in a savepoint, then commits once. A unit sees the writes
+    of the units before it, as if they had committed first; one that raises is rolled back alone
+    and its caller gets the exception; when the commit fails (or the database is
+    :class:`Unavailable` in the middle) every caller of that commit gets :class:`Unavailable` and
+    nothing of theirs is stored. A unit must not call :func:`write` itself."""
+    _ordered(lock)  # a wrong table name fails here, in its caller
+    while True:
+        loc = location(where)
+        with _ENGINES_LOCK:
+            writer = _WRITERS.get(loc)
+            if writer is None or writer.pid != os.getpid():  # (a forked child: the thread is not there)
+                writer = _WRITERS[loc] = _Writer(loc)
+        future = writer.submit(unit, tuple(lock))
+        if future is not None:
+            break  # (None: that writer was being closed; the next one takes it)
+    result: T = future.result()
+    return result
+
+
+@attrs.define(eq=False)
+class _Unit:
+    run: Callable[[Session], Any]
+    lock: tuple[str, ...]
+    future: Future[Any] = attrs.Factory(Future)
+
+
+class _Writer:
+    """The thread that commits one process's writes to one database together (:func:`write`)."""
+
+    def __init__(self, where: Location) -> None:
+        self.where = where
+        self.pid = os.getpid()
+        self._queue: queue.SimpleQueue[_Unit | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._held = contextlib.ExitStack()  # the writer's connection (_connection)
+        self._conn: Any = None
+        self._identity: Any = None  # the database file it has open (SqliteEngine.identity)
+        self._thread = threading.Thread(target=self._run, name="ale-verify-db-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, run: Callable[[Session], Any], lock: tuple[str, ...]) -> Future[Any] | None:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("a unit of db.write called db.write: it would wait for itself")
+        unit = _Unit(run, lock)
+        with self._lock:
+            if self._closed:
+                return None
+            self._queue.put(unit)
+        return unit.future
+
+    def stop(self) -> None:
+        """Commit what was submitted, then end the thread."""
+        with self._lock:
+            self._closed = True
+            self._queue.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            self._drop()
+
+    def _serve(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch, last = [first], False
+            while len(batch) < MAX_BATCH:
+                try:
+                    unit = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if unit is None:
+                    last = True
+                    break
+                batch.append(unit)
+            self._commit(batch)
+            if last:
+                return
+
+    def _commit(self, batch: list[_Unit]) -> None:
+        """One transaction for the batch: each unit in a savepoint, one commit; then the callers."""
+        done: list[tuple[bool, Any]] = []
+        found = engine(self.where)
+        try:
+            with _translated(found):
+                conn = self._connection(found)
+                found.begin(conn, _ordered({t for unit in batch for t in unit.lock}))
+                try:
+                    s = Session(conn, found)
+                    done.extend(_savepoint(s, unit) for unit in batch)
+                except BaseException:
+                    with contextlib.suppress(Exception):  # (SQLite may have rolled it back already)
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            if not found.keeps_writer_connection:
+                self._drop()
+        except BaseException as exc:  # nothing of the batch is stored: every caller is told
+            self._drop()  # the next commit opens a new connection
+            for unit in batch:  # (the thread goes on whatever it was: the next callers must be answered)
+                unit.future.set_exception(_for_each(exc))
+            return
+        for unit, (ok, value) in zip(batch, done, strict=True):
+            if ok:
+                unit.future.set_result(value)
+            else:
+                unit.future.set_exception(value)
+
+    def _connection(self, found: SqliteEngine | PostgresEngine) -> Any:
+        """The writer's connection, kept between commits on SQLite: a connection closed after each
+        commit would, as the database's last one, checkpoint the WAL into the database file each
+        time (PostgreSQL's goes back to the pool after each commit)."""
+        if self._conn is not None and found.identity() != self._identity:
+            self._drop()  # the file was moved or replaced: the path's file is the database
+        if self._conn is None:
+            identity = found.identity()
+            self._conn = self._held.enter_context(found.session())
+            self._identity = identity
+        return self._conn
+
+    def _drop(self) -> None:
+        self._conn = None
+        with contextlib.suppress(Exception):
+            self._held.close()
+        self._held = contextlib.ExitStack()
+
+
+def _savepoint(s: Session, unit: _Unit) -> tuple[bool, Any]:
+    """Run one unit in a savepoint: (True, its result), or (False, what it raised), rolled back.
+    :class:`Unavailable` ends the whole transaction (the database may have ended it already)."""
+    s.execute("SAVEPOINT ale_unit")
+    try:
+        value = unit.run(s)
+    except Unavailable:
+        raise
+    except Exception as exc:
+        s.execute("ROLLBACK TO SAVEPOINT ale_unit")
+        s.execute("RELEASE SAVEPOINT ale_unit")
+        return False, exc
+    s.execute("RELEASE SAVEPOINT ale_unit")
+    return True, value
+
+
+def _for_each(exc: BaseException) -> BaseException:
+    """The batch's failure as each caller raises it (a new Unavailable each: callers raise it at once)."""
+    if isinstance(exc, Unavailable):
+        fresh = Unavailable(str(exc))
+        fresh.__cause__ = exc.__cause__
+        return fresh
+    return exc
 
 
 def exists(where: Where) -> bool:
@@ -741,9 +958,12 @@ def user_for_token(where: Where, token: str) -> str | None:
 
 
 def take_rate(where: Where, user_id: str, action: str, per_hour: int) -> bool:
-    """Record one ``action`` unless the user already did ``per_hour`` of them in the last hour."""
+    """Record one ``action`` unless the user already did ``per_hour`` of them in the last hour.
+    Exact under concurrency: the count and the record are one transaction holding ``rate_events``
+    against other writers (of this process's shared commit, the takes before it are counted)."""
     now = time.time()
-    with transaction(where, lock=["rate_events"]) as s:
+
+    def take(s: Session) -> bool:
         s.execute("DELETE FROM rate_events WHERE at < ?", [now - 3600])
         (count,) = s.one(
             "SELECT COUNT(*) FROM rate_events WHERE user_id = ? AND action = ? AND at >= ?",
@@ -753,6 +973,8 @@ def take_rate(where: Where, user_id: str, action: str, per_hour: int) -> bool:
             return False
         s.execute("INSERT INTO rate_events VALUES (?, ?, ?)", [user_id, action, now])
         return True
+
+    return write(where, take, lock=["rate_events"])
 
 
 # -- challenges ------------------------------------------------------------------------------
@@ -767,8 +989,7 @@ def create_challenge(where: Where, user_id: str, ttl_s: int) -> dict[str, Any]:
         "issued_at": now,
         "expires_at": now + ttl_s,
     }
-    with connect(where) as s:
-        _insert(s, "challenges", challenge)
+    write(where, lambda s: _insert(s, "challenges", challenge))
     return challenge
 
 
@@ -778,16 +999,21 @@ def get_challenge(where: Where, challenge_id: str) -> dict[str, Any] | None:
     return rows[0] if rows else None
 
 
-def consume_challenge(where: Where, challenge_id: str, submission_id: str) -> None:
-    """Mark a challenge used, exactly once: concurrent uploads race here and one wins (one
-    conditional UPDATE: SQLite's write lock, PostgreSQL's row lock and re-check of the WHERE)."""
+def challenge_unused(where: Where, challenge_id: str) -> bool:
+    """Whether the challenge is still unused (a read: its use is stored with the verdict that
+    uses it, :func:`insert_submission`)."""
     with connect(where) as s:
-        cur = s.execute(
-            "UPDATE challenges SET used_at = ?, used_by_submission = ? WHERE id = ? AND used_at IS NULL",
-            [time.time(), submission_id, challenge_id],
-        )
-        if cur.rowcount != 1:
-            raise Conflict("the challenge token was already used")
+        return s.one("SELECT 1 FROM challenges WHERE id = ? AND used_at IS NULL", [challenge_id]) is not None
+
+
+def _consume(s: Session, challenge_id: str, submission_id: str, now: float) -> bool:
+    """Mark a challenge used, exactly once: concurrent uploads race here and one wins (one
+    conditional UPDATE: SQLite's write lock, PostgreSQL's lock on ``challenges``)."""
+    cur = s.execute(
+        "UPDATE challenges SET used_at = ?, used_by_submission = ? WHERE id = ? AND used_at IS NULL",
+        [now, submission_id, challenge_id],
+    )
+    return bool(cur.rowcount == 1)
 
 
 # -- submissions and the audit log -----------------------------------------------------------
@@ -813,20 +1039,51 @@ class Queued:
     on_revoked: Rescore | None = None
 
 
-def insert_submission(where: Where, row: dict[str, Any], audit: dict[str, Any], queued: Queued | None = None) -> None:
+#: A verdict to store: a submission row, its audit entry and what it leaves (:func:`insert_submission`).
+Verdict = tuple[dict[str, Any], dict[str, Any], Queued | None]
+
+
+def insert_submission(
+    where: Where,
+    row: dict[str, Any],
+    audit: dict[str, Any],
+    queued: Queued | None = None,
+    *,
+    challenge: str | None = None,
+    replayed: Verdict | None = None,
+) -> bool:
     """Store a submission and its first audit entry; codes and levels must be the vocabulary's.
-    With ``queued``, in the same transaction, what it leaves for later (:class:`Queued`)."""
+    With ``queued``, in the same transaction, what it leaves for later (:class:`Queued`). With
+    ``challenge``, in the same transaction, the challenge's use by this submission: when another
+    submission used it first, ``replayed`` (the verdict saying so) is stored instead, or, without
+    it, the row as it is, with no use. True when ``row`` was stored, False for ``replayed``."""
+    first = (*_verdict(row, audit), queued)
+    instead = None if replayed is None else (*_verdict(replayed[0], replayed[1]), replayed[2])
+
+    def store(s: Session) -> bool:
+        used = challenge is None or _consume(s, challenge, row["id"], audit["at"])
+        if not used and instead is not None:
+            _store(s, *instead)
+            return False
+        _store(s, *first)
+        return True
+
+    return write(where, store, lock=["challenges"] if challenge is not None else [])
+
+
+def _verdict(row: dict[str, Any], audit: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rows to insert (checked, encoded: before the shared transaction, not in it)."""
     row = _check_codes(row)
+    row = {**row, "reasons": json.dumps(row["reasons"]), "summary": json.dumps(row["summary"], sort_keys=True)}
     audit = {**audit, "to_level": None if audit["to_level"] is None else Level(audit["to_level"]).value}
-    with transaction(where) as s:
-        _insert(
-            s,
-            "submissions",
-            {**row, "reasons": json.dumps(row["reasons"]), "summary": json.dumps(row["summary"], sort_keys=True)},
-        )
-        _insert(s, "audit_log", {**audit, "submission_id": row["id"]})
-        if queued is not None:
-            _insert_queued(s, row["id"], queued, now=audit["at"])
+    return row, {**audit, "submission_id": row["id"]}
+
+
+def _store(s: Session, row: dict[str, Any], audit: dict[str, Any], queued: Queued | None) -> None:
+    _insert(s, "submissions", row)
+    _insert(s, "audit_log", audit)
+    if queued is not None:
+        _insert_queued(s, row["id"], queued, now=audit["at"])
 
 
 def _insert_queued(s: Session, submission_id: str, queued: Queued, *, now: float) -> None:

@@ -26,7 +26,8 @@ the site's records; :func:`record` is step 14.
     own, judging pending, its judge asked after the upload by ale_verify.judge_worker; else
     unjudged, final 0) and the scores the board shows (ale_verify.judging.plan)
 13. audit summary
-14. persist metadata (submission row + audit log entry, and the judge jobs it leaves)
+14. persist metadata (submission row + audit log entry, the judge jobs it leaves, and the use of
+    the challenge step 8 claimed: one transaction)
 15. delete the plaintext and ciphertext temp files (every path, failures included)
 """
 
@@ -123,7 +124,9 @@ class Site(Protocol):
         """The challenge's row, or None when the site never issued it."""
 
     def consume(self, challenge_id: str, submission_id: str) -> bool:
-        """Mark the challenge used by this submission; False when it was already used."""
+        """Claim the challenge for this submission; False when it was already used. The use is
+        stored with the verdict, in its transaction (:func:`record`): a submission whose verdict is
+        never stored (its worker died) leaves the challenge unused."""
 
     def runner_key(self, key_id: str) -> RunnerKey | None:
         """A registered, active runner key."""
@@ -131,19 +134,24 @@ class Site(Protocol):
 
 @attrs.frozen(repr=False)
 class LocalSite:
-    """The site's records, asked in this process."""
+    """The site's records, asked in this process. ``claims``: the challenge each submission
+    claimed (:meth:`consume`), until :meth:`claimed` hands it to :func:`record`."""
 
     settings: Settings
+    claims: dict[str, str] = attrs.field(factory=dict, eq=False)
 
     def challenge(self, challenge_id: str) -> dict[str, Any] | None:
         return db.get_challenge(self.settings.database, challenge_id)
 
     def consume(self, challenge_id: str, submission_id: str) -> bool:
-        try:
-            db.consume_challenge(self.settings.database, challenge_id, submission_id)
-        except db.Conflict:
+        if not db.challenge_unused(self.settings.database, challenge_id):
             return False
+        self.claims[submission_id] = challenge_id
         return True
+
+    def claimed(self, submission_id: str) -> str | None:
+        """The challenge the submission claimed, forgotten here (:func:`record` stores its use)."""
+        return self.claims.pop(submission_id, None)
 
     def runner_key(self, key_id: str) -> RunnerKey | None:
         row = db.runner_key(self.settings.database, key_id)
@@ -434,15 +442,42 @@ def rejected(submission_id: str, reason: Reason, message: str, ciphertext_sha256
     )
 
 
-def record(outcome: Outcome, ciphertext_path: Path, settings: Settings, *, user_id: str, now: float) -> None:
-    """Step 14: persist the verdict (the submission row and its audit log entry), and keep the
-    ciphertext when the site keeps bundles. The caller deletes the file (step 15)."""
-    _persist(outcome, settings, user_id=user_id, now=now, run_id=outcome.summary.get("run_id"), queued=outcome.queued)
+#: The verdict on an upload whose challenge another upload used first (as step 8 says it).
+REPLAYED = "the challenge token was already used"
+
+
+def record(
+    outcome: Outcome,
+    ciphertext_path: Path,
+    settings: Settings,
+    *,
+    user_id: str,
+    now: float,
+    challenge: str | None = None,
+) -> Outcome:
+    """Step 14: persist the verdict (the submission row and its audit log entry, its judge jobs
+    and, in the same transaction, the use of the ``challenge`` it claimed at step 8), and keep the
+    ciphertext when the site keeps bundles. The caller deletes the file (step 15).
+
+    Concurrent uploads of one challenge all pass step 8 (it reads); the first verdict stored uses
+    the challenge, and an accepted one that comes later is stored, and returned, as
+    ``token_replayed`` instead (a rejected one keeps its own reason). So exactly one is accepted,
+    and a challenge is used only by a stored verdict."""
+    replayed = None
+    if challenge is not None and outcome.status == "accepted":
+        replayed = rejected(
+            outcome.submission_id, Reason.TOKEN_REPLAYED, REPLAYED, outcome.summary.get("ciphertext_sha256", "")
+        )
+    stored = _persist(outcome, settings, user_id=user_id, now=now, challenge=challenge, replayed=replayed)
+    if not stored:
+        assert replayed is not None
+        return replayed
     if outcome.queued is not None and outcome.queued.jobs:
         judging.WAKE.set()  # this process's judge worker looks at once
     if outcome.status == "accepted" and settings.keep_bundles and settings.bundle_dir is not None:
         settings.bundle_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ciphertext_path, settings.bundle_dir / f"{outcome.submission_id}.ale")
+    return outcome
 
 
 def new_submission_id() -> str:
@@ -453,6 +488,7 @@ def process_upload(ciphertext_path: Path, settings: Settings, signing_key: bytes
     """Every step on an uploaded file in this process (the server without workers, the tests, the
     benchmark's reference); always deletes the file (unless bundles are kept: a copy is)."""
     now = time.time()
+    site = LocalSite(settings)
     try:
         outcome = verify_upload(
             ciphertext_path,
@@ -461,23 +497,16 @@ def process_upload(ciphertext_path: Path, settings: Settings, signing_key: bytes
             user_id=user_id,
             submission_id=new_submission_id(),
             now=now,
-            site=LocalSite(settings),
+            site=site,
         )
-        record(outcome, ciphertext_path, settings, user_id=user_id, now=now)
-        return outcome
+        challenge = site.claimed(outcome.submission_id)
+        return record(outcome, ciphertext_path, settings, user_id=user_id, now=now, challenge=challenge)
     finally:
         ciphertext_path.unlink(missing_ok=True)  # 15. (the plaintext never touched the disk)
 
 
-def _persist(
-    outcome: Outcome,
-    settings: Settings,
-    *,
-    user_id: str,
-    now: float,
-    run_id: str | None,
-    queued: db.Queued | None = None,
-) -> None:
+def _rows(outcome: Outcome, *, user_id: str, now: float) -> db.Verdict:
+    """The verdict as the database stores it: the submission row, its audit entry, its judge jobs."""
     row = {
         "id": outcome.submission_id,
         "user_id": user_id,
@@ -487,7 +516,7 @@ def _persist(
         "level": outcome.level,
         "reason": outcome.reason,
         "reasons": outcome.reasons,
-        "run_id": run_id,
+        "run_id": outcome.summary.get("run_id"),
         "summary": outcome.summary,
     }
     audit = {
@@ -498,4 +527,18 @@ def _persist(
         "to_level": outcome.level,
         "reason": outcome.reason or "all checks passed",
     }
-    db.insert_submission(settings.database, row, audit, queued)
+    return row, audit, outcome.queued
+
+
+def _persist(
+    outcome: Outcome,
+    settings: Settings,
+    *,
+    user_id: str,
+    now: float,
+    challenge: str | None,
+    replayed: Outcome | None,
+) -> bool:
+    row, audit, queued = _rows(outcome, user_id=user_id, now=now)
+    instead = None if replayed is None else _rows(replayed, user_id=user_id, now=now)
+    return db.insert_submission(settings.database, row, audit, queued, challenge=challenge, replayed=instead)

@@ -346,6 +346,7 @@ class _Job:
     helping: dict[int, _Worker] = attrs.Factory(dict)  # chunks other workers check, by index
     dropped: bool = False  # its owner checks the stream in one pass: chunks not needed
     error: BaseException | None = None  # what the site's answer raised
+    challenge: str | None = None  # the challenge it claimed at step 8: its use is stored with the verdict
 
 
 @attrs.define(eq=False)
@@ -668,6 +669,8 @@ class UploadPool:
         """In the site's thread pool: the database, as in-process (pipeline.LocalSite)."""
         try:
             value = getattr(self._site, method)(*args)
+            if method == "consume":
+                job.challenge = self._site.claimed(job.submission_id)
         except BaseException as exc:  # e.g. db.Unavailable: the upload stops, the client is told
             job.error = exc
             reply: tuple[Any, ...] = ("abort", job.id)
@@ -718,17 +721,23 @@ class UploadPool:
     # -- the end of an upload (in the site's thread pool)
 
     def _fail(self, job: _Job, why: str) -> None:
+        """The worker died: the upload is stored as ``worker_failed``, its challenge left unused (the
+        failure is the verifier's: the participant may upload the same bundle again)."""
         message = f"the worker process checking this upload died before it gave a verdict: {why}"
+        job.challenge = None
         self._settle(job, pipeline.rejected(job.submission_id, Reason.WORKER_FAILED, message, _file_sha256(job.path)))
 
     def _settle(self, job: _Job, result: pipeline.Outcome | BaseException) -> None:
-        """Store the verdict (step 14), delete the file (15), free the place, then wake the caller."""
+        """Store the verdict (step 14; with the use of the challenge it claimed), delete the file
+        (15), free the place, then wake the caller."""
         error: BaseException | None = None
         try:
             if isinstance(result, BaseException):
                 error = result
             else:
-                pipeline.record(result, job.path, self.settings, user_id=job.user_id, now=job.now)
+                result = pipeline.record(
+                    result, job.path, self.settings, user_id=job.user_id, now=job.now, challenge=job.challenge
+                )
         except BaseException as exc:
             error = exc
         finally:
