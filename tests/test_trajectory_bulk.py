@@ -21,13 +21,22 @@ import pytest
 from fuzzing import fuzz_settings, hostile_json, json_values
 from hypothesis import given
 from hypothesis import strategies as st
-from test_trajectory_reference import EVENT_MUTATIONS, _byte_mutation, _encode, _events, _rehash, runs
+from test_trajectory_reference import (
+    EVENT_MUTATIONS,
+    _byte_mutation,
+    _encode,
+    _events,
+    _pieces,
+    _rehash,
+    _verdict,
+    runs,
+)
 from trajectory_helpers import RunBuilder
 from trajectory_reference import reference_verify
 
 from ale.core import trajectory
 from ale.core.canonical import ORJSON_OPTIONS
-from ale.core.trajectory import ChainError, ChunkReport, _Scan, check_chunk, link_chunks, split_chunks
+from ale.core.trajectory import ChunkReport, _Scan, check_chunk, link_chunks, split_chunks
 
 _BATCHES = st.sampled_from([1, 300, 4096, 64 * 1024])
 
@@ -44,23 +53,6 @@ def _batch(size: int) -> Iterator[None]:
 
 def _fields(report: ChunkReport) -> dict[str, Any]:
     return attrs.asdict(report, recurse=False)
-
-
-def _pieces(stream: bytes, cuts: list[int]) -> list[tuple[bytes, int]]:
-    ends = sorted({stream.find(b"\n", c % max(1, len(stream))) + 1 for c in cuts} - {0, len(stream)})
-    pieces, start, line = [], 0, 1
-    for end in [*ends, len(stream)]:
-        pieces.append((stream[start:end], line))
-        line += stream[start:end].count(b"\n")
-        start = end
-    return pieces
-
-
-def _verdict(check: Any) -> tuple[str, Any]:
-    try:
-        return ("ok", check())
-    except ChainError as exc:
-        return ("error", (exc.reason, exc.line))
 
 
 def _assert_bulk_is_exact(stream: bytes, cuts: list[int], batch: int, **kwargs: Any) -> tuple[str, Any]:

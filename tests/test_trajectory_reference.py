@@ -51,15 +51,20 @@ def _verdict(check: Any) -> tuple[str, Any]:
         return ("error", (exc.reason, exc.line))
 
 
-def _cut(stream: bytes, cuts: list[int], known: bool) -> Any:
-    """Cut at the newlines after ``cuts``; check each piece (knowing its first line, or not); link."""
+def _pieces(stream: bytes, cuts: list[int]) -> list[tuple[bytes, int]]:
+    """Cut at the newlines after ``cuts``: the pieces, each with its first line number."""
     ends = sorted({stream.find(b"\n", c % max(1, len(stream))) + 1 for c in cuts} - {0, len(stream)})
     pieces, start, line = [], 0, 1
     for end in [*ends, len(stream)]:
-        pieces.append(check_chunk(stream[start:end], line if known or line == 1 else None))
+        pieces.append((stream[start:end], line))
         line += stream[start:end].count(b"\n")
         start = end
     return pieces
+
+
+def _cut(stream: bytes, cuts: list[int], known: bool) -> Any:
+    """Cut at the newlines after ``cuts``; check each piece (knowing its first line, or not); link."""
+    return [check_chunk(piece, line if known or line == 1 else None) for piece, line in _pieces(stream, cuts)]
 
 
 def _assert_same(stream: bytes, cuts: list[int], **kwargs: Any) -> tuple[str, Any]:

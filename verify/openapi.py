@@ -114,19 +114,22 @@ _OUTCOME = {
     "then": {"properties": {"level": LEVEL_VALUE, "reason": {"const": None}}},
     "else": {"properties": {"level": {"const": None}, "reason": {"enum": _codes(Use.REJECTION)}}},
 }
-VERDICT = {
-    **closed(
-        {
-            "id": {"type": "string", "pattern": "^sub_[0-9a-f]{24}$"},
-            "status": {"enum": ["accepted", "rejected"]},
-            "level": LEVEL,
-            "reason": REJECTION_REASON,
-            "reasons": REASONS,
-            "url": STRING,
-        }
-    ),
-    **_OUTCOME,
+#: What a verdict and a stored submission both say of an upload.
+_OUTCOME_MEMBERS: Schema = {
+    "id": {"type": "string", "pattern": "^sub_[0-9a-f]{24}$"},
+    "status": {"enum": ["accepted", "rejected"]},
+    "level": LEVEL,
+    "reason": REJECTION_REASON,
+    "reasons": REASONS,
 }
+
+
+def _with_outcome(members: Schema) -> Schema:
+    """A closed object of the outcome's members and ``members``, held to the outcome's rule."""
+    return {**closed({**_OUTCOME_MEMBERS, **members}), **_OUTCOME}
+
+
+VERDICT = _with_outcome({"url": STRING})
 INTERVAL = closed({"lower": NUMBER, "upper": NUMBER})
 #: The 95% intervals of a run's credited scores (docs/intervals.md; ale.core.intervals).
 INTERVALS = closed(
@@ -222,23 +225,15 @@ HISTORY_ENTRY = closed(
         "reason": STRING,
     }
 )
-SUBMISSION = {
-    **closed(
-        {
-            "id": {"type": "string", "pattern": "^sub_[0-9a-f]{24}$"},
-            "status": {"enum": ["accepted", "rejected"]},
-            "level": LEVEL,
-            "reason": REJECTION_REASON,
-            "reasons": REASONS,
-            "received_at": NUMBER,
-            "run_id": nullable(STRING),
-            "summary": {"oneOf": [ref("AcceptedSummary"), ref("RejectedSummary")]},
-            "judgements": mapping(ref("Judgement"), TASK_REF),
-            "history": array(ref("HistoryEntry")),
-        }
-    ),
-    **_OUTCOME,
-}
+SUBMISSION = _with_outcome(
+    {
+        "received_at": NUMBER,
+        "run_id": nullable(STRING),
+        "summary": {"oneOf": [ref("AcceptedSummary"), ref("RejectedSummary")]},
+        "judgements": mapping(ref("Judgement"), TASK_REF),
+        "history": array(ref("HistoryEntry")),
+    }
+)
 #: A task's judgement state (ale_verify.judging.task_judgement; docs/leaderboard-export.md).
 JUDGEMENT = closed(
     {
