@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 import subprocess
 import threading
 import time
@@ -553,3 +554,25 @@ def test_fuzz_database_url(url: str) -> None:
     assert isinstance(found, db.SqliteUrl | db.PostgresUrl)
     assert db.location(found) == found
     json.dumps(str(found))
+
+
+def test_a_switch_to_wal_waits_for_another_connections_write_lock_instead_of_database_is_locked(
+    tmp_path: Path,
+) -> None:
+    """SQLite answers ``PRAGMA journal_mode = WAL`` "database is locked" at once, without its busy
+    handler, while another connection holds the write lock: four ``ale-verify migrate`` at once on
+    a new database failed so (CI). The migration's lock now waits for it, as for any busy lock."""
+    path = tmp_path / "v.sqlite3"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    releaser = threading.Timer(0.3, lambda: holder.execute("COMMIT"))
+    releaser.start()
+    try:
+        assert db.migrate(db.location(path)) == len(db.MIGRATIONS)
+    finally:
+        releaser.join()
+        holder.close()
+    with sqlite3.connect(path) as check:
+        assert check.execute("PRAGMA journal_mode").fetchone() == ("wal",)

@@ -435,6 +435,29 @@ class Session:
 #: sqlite3's primary result codes that mean "not usable now", not "your SQL is wrong":
 #: BUSY, LOCKED, NOMEM, READONLY, IOERR, CORRUPT, FULL, CANTOPEN, PROTOCOL, NOTADB.
 _SQLITE_UNAVAILABLE = frozenset({5, 6, 7, 8, 10, 11, 13, 14, 15, 26})
+_SQLITE_BUSY = 5
+#: How long a switch to WAL waits for the database's other connections (as long as the busy timeout).
+_WAL_WAIT_S = 30.0
+
+
+def _wal(conn: Any) -> None:
+    """Put the database in WAL mode (kept in the file: once set, later switches are no-ops).
+
+    The switch needs every other connection out of the file, and SQLite answers it "database is
+    locked" at once, without calling the busy handler, while another connection holds the write
+    lock (another ``ale-verify migrate`` in its transaction): so it is retried, with a growing
+    pause, for as long as a busy lock is waited for."""
+    deadline, pause = time.monotonic() + _WAL_WAIT_S, 0.002
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL").fetchall()
+            return
+        except sqlite3.OperationalError as exc:
+            busy = (getattr(exc, "sqlite_errorcode", 0) & 0xFF) == _SQLITE_BUSY
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)
 
 
 @attrs.define
@@ -479,7 +502,7 @@ class SqliteEngine:
         return st.st_dev, st.st_ino
 
     def migration_lock(self, conn: Any) -> None:
-        conn.execute("PRAGMA journal_mode = WAL")
+        _wal(conn)
         conn.execute("BEGIN IMMEDIATE")
 
     def translate(self, exc: BaseException) -> BaseException | None:
