@@ -442,7 +442,7 @@ def steps_once(site: Site, ciphertext: bytes) -> dict[str, float]:
     level, notes = p.assign_level(summary)
     outcome = p.Outcome("sub_bench", "accepted", level, None, notes, summary)
     lap("audit_summary")
-    p._persist(outcome, settings, user_id=BENCH_USER, now=time.time(), run_id=summary["run_id"])
+    p._persist(outcome, settings, user_id=BENCH_USER, now=time.time(), challenge=None, replayed=None)
     lap("persist")
     path.unlink(missing_ok=True)
     times["total_s"] = sum(t for k, t in times.items() if not k.startswith("(diag)"))
