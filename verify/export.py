@@ -1016,7 +1016,9 @@ class Site:
             task_id = ref.partition("@")[0]
             known = task_id in self.tasks and self.tasks[task_id].spec.ref == ref
             tasks.append({**t, "href": f"../tasks/{task_id}.html" if known else None,
-                          "title": self.tasks[task_id].spec.title if known else None})  # fmt: skip
+                          "title": self.tasks[task_id].spec.title if known else None,
+                          "verdict": _verdict(t.get("judgement") or {}),
+                          "interval": e.task_intervals.get(t.get("task"))})  # fmt: skip
         return {
             "s": s,
             "tasks": tasks,
@@ -1237,6 +1239,23 @@ def _json_fallback(value: Any) -> Any:
 
 
 _TEXT_COLUMNS = frozenset({"agent", "model", "effort"})
+
+
+#: what a submission's page shows of a task's judgement (absent: None), and of the bundle's own verdict
+VERDICT_KEYS = ("status", "faithful", "source", "judge_key_id", "judge_model", "input_sha256", "rationale")
+CLAIMED_KEYS = ("outcome", "faithful", "judge_model", "signature")
+FINDING_KEYS = ("item", "kind", "satisfied", "evidence")
+
+
+def _verdict(judgement: dict[str, Any]) -> dict[str, Any]:
+    """A task's judgement with every key its page reads (absent: None), the bundle's own verdict
+    (``claimed``) and each finding alike: read by key in the template, no ``.get()`` call per value."""
+    claimed = judgement.get("claimed") or {}
+    return {
+        **{k: judgement.get(k) for k in VERDICT_KEYS},
+        "claimed": {k: claimed.get(k) for k in CLAIMED_KEYS},
+        "findings": [{k: f.get(k) for k in FINDING_KEYS} for f in judgement.get("findings") or ()],
+    }
 
 
 def _judged_by(judgement: dict[str, Any]) -> str:
