@@ -323,16 +323,13 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
     pass_rates: dict[str, float | None] = {}
     coverage: dict[str, tuple[int, int]] = {}
     categories = s.get("categories") or {}
+    genres = ranking.task_genres(s, covered + list(s.get("missing") or []), specs)
     for category, *_ in CATEGORIES:
         scores[category] = categories.get(category)
-        in_cat = [
-            completed[r]
-            for r in covered
-            if r in completed and (category == "overall" or ranking.genre_of(r, s, specs) == category)
-        ]
+        in_cat = [completed[r] for r in covered if r in completed and (category == "overall" or genres[r] == category)]
         episodes = sum(int(t.get("episodes") or 0) for t in in_cat)
         pass_rates[category] = sum(int(t.get("passed") or 0) for t in in_cat) / episodes if episodes else None
-        coverage[category] = ranking.coverage(s, category, specs)
+        coverage[category] = ranking.coverage(s, category, specs, genres)
     if s.get("pass_rate") is not None:
         pass_rates["overall"] = s["pass_rate"]  # the verifier's own figure
     started, finished = _parse_time(s.get("started")), _parse_time(s.get("finished"))
@@ -1082,24 +1079,26 @@ class Site:
         return work
 
     def _docs(self) -> list[Callable[[], None]]:
-        work: list[Callable[[], None]] = []
+        """The docs, their index and the schemas: one work item (each doc's title, which the index
+        lists, comes from its rendered markdown), so that the markdown is rendered by a worker too."""
+        return [self._docs_pages]
+
+    def _docs_pages(self) -> None:
         listing = []
         for name in sorted(self.docs, key=lambda n: (DOC_ORDER.index(n) if n in DOC_ORDER else len(DOC_ORDER), n)):
             text = self.docs[name].read_text(encoding="utf-8")
             html, headings = self.markdown.render(text, source_dir="docs", page_dir="docs")
             title = next((h["text"] for h in headings if h["level"] == 1), name)
             listing.append({"name": name, "title": title, "href": f"{name}.html"})
-            work.append(
-                lambda name=name, title=title, html=html, headings=headings: self.page(  # type: ignore[misc]
-                    f"docs/{name}.html",
-                    "doc.html",
-                    title=title,
-                    section="docs",
-                    site=self.chrome,
-                    body=html,
-                    toc=[h for h in headings if h["level"] == 2],
-                    source=f"docs/{name}.md",
-                )
+            self.page(
+                f"docs/{name}.html",
+                "doc.html",
+                title=title,
+                section="docs",
+                site=self.chrome,
+                body=html,
+                toc=[h for h in headings if h["level"] == 2],
+                source=f"docs/{name}.md",
             )
         self.page("docs/index.html", "docs.html", title="Documentation", section="docs", site=self.chrome,
                   docs=listing, schemas=bool(self.schemas))  # fmt: skip
@@ -1108,7 +1107,6 @@ class Site:
             self.write(f"schemas/{name}", (folder / name).read_bytes())
         self.page("schemas/index.html", "schemas.html", title="JSON Schemas", section="docs", site=self.chrome,
                   schemas=self.schemas)  # fmt: skip
-        return work
 
     # exports
 
