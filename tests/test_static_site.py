@@ -28,8 +28,13 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import markupsafe
 import pytest
 import site_fixtures as sf
+from fuzzing import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
+from markupsafe import Markup
 
 from ale import catalog
 from ale_verify import cli, db, export
@@ -776,3 +781,22 @@ def test_the_audit_summary_keeps_how_a_task_ended_early() -> None:
         sf.REFS[1]: {"phase": "official", "category": "evaluation/deadline"},
         sf.REFS[2]: None,
     }
+
+
+@pytest.mark.fuzz
+@given(st.one_of(st.text(), st.integers(), st.floats(), st.booleans(), st.none(), st.text().map(Markup)))
+@fuzz_settings
+def test_the_templates_output_escape_writes_what_markupsafe_escape_writes(value: Any) -> None:
+    """The templates' ``{{ }}`` escaping (export.output_escape, which skips the Markup wrapper for a
+    str) writes every value character for character as markupsafe.escape does."""
+    assert str(export.output_escape(value)) == str(markupsafe.escape(value))
+
+
+def test_the_site_templates_escape_with_output_escape(tmp_path: Path) -> None:
+    """A hostile agent name is escaped once, by the fast escape the templates are compiled to call."""
+    site = export.Site(tmp_path / "s", docs_dir=None, page_size=10, top_n=3)
+    template = site.env.get_template("submission.html")
+    assert template.root_render_func.__globals__["escape"] is export.output_escape
+    assert site.env.from_string("{{ x }}|{{ y }}|{{ n }}").render(x="<a href='x'>&\"", y=Markup("<b>"), n=-3) == (
+        "&lt;a href=&#39;x&#39;&gt;&amp;&#34;|<b>|-3"
+    )

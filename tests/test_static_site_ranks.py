@@ -221,3 +221,42 @@ def test_a_stored_interval_is_used_only_when_it_is_one(interval: Any) -> None:
         assert lower <= upper
         assert interval["lower"] == lower
         assert interval["upper"] == upper
+
+
+_REFS = st.sampled_from(["a@1", "b@1", "c@1", "d@1"])
+_GENRES = st.one_of(st.none(), st.just(""), st.sampled_from(["open", "reproduction", "other"]))
+
+
+@pytest.mark.fuzz
+@given(
+    covered=st.lists(_REFS, max_size=4),
+    missing=st.lists(_REFS, max_size=3),
+    tasks=st.lists(
+        st.one_of(st.fixed_dictionaries({"task": st.one_of(_REFS, st.integers()), "genre": _GENRES}), st.text()),
+        max_size=6,
+    ),
+    info=st.dictionaries(_REFS, st.fixed_dictionaries({}, optional={"genre": _GENRES}), max_size=3),
+    specs=st.dictionaries(_REFS, _GENRES, max_size=4),
+)
+@settings(max_examples=300, deadline=None)
+def test_task_genres_and_coverage_read_the_genres_genre_of_reads(
+    covered: list[str], missing: list[str], tasks: list[Any], info: dict[str, Any], specs: dict[str, Any]
+) -> None:
+    """The board's entries take each task's genre from ranking.task_genres (the summary's records
+    read once): the genre genre_of gives, and the coverage it gave, for every shape of summary."""
+
+    class Spec:
+        def __init__(self, genre: str | None) -> None:
+            self.genre = genre
+
+    summary = {"covered": covered, "missing": missing, "tasks": tasks, "task_info": info}
+    installed = {ref: Spec(g) for ref, g in specs.items()}
+    refs = covered + missing
+    assert ranking.task_genres(summary, refs, installed) == {r: ranking.genre_of(r, summary, installed) for r in refs}
+    for category in ("overall", "reproduction", "open"):
+        wanted = [r for r in refs if category == "overall" or ranking.genre_of(r, summary, installed) == category]
+        by_genre_of = (sum(1 for r in covered if r in wanted), len(wanted))
+        assert ranking.coverage(summary, category, installed) == by_genre_of
+        assert ranking.coverage(summary, category, installed, ranking.task_genres(summary, refs, installed)) == (
+            by_genre_of
+        )

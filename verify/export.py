@@ -44,11 +44,12 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import jinja2
 import jinja2.meta
+import markupsafe
 import orjson
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
@@ -322,16 +323,13 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
     pass_rates: dict[str, float | None] = {}
     coverage: dict[str, tuple[int, int]] = {}
     categories = s.get("categories") or {}
+    genres = ranking.task_genres(s, covered + list(s.get("missing") or []), specs)
     for category, *_ in CATEGORIES:
         scores[category] = categories.get(category)
-        in_cat = [
-            completed[r]
-            for r in covered
-            if r in completed and (category == "overall" or ranking.genre_of(r, s, specs) == category)
-        ]
+        in_cat = [completed[r] for r in covered if r in completed and (category == "overall" or genres[r] == category)]
         episodes = sum(int(t.get("episodes") or 0) for t in in_cat)
         pass_rates[category] = sum(int(t.get("passed") or 0) for t in in_cat) / episodes if episodes else None
-        coverage[category] = ranking.coverage(s, category, specs)
+        coverage[category] = ranking.coverage(s, category, specs, genres)
     if s.get("pass_rate") is not None:
         pass_rates["overall"] = s["pass_rate"]  # the verifier's own figure
     started, finished = _parse_time(s.get("started")), _parse_time(s.get("finished"))
@@ -642,6 +640,45 @@ def _pager(first: str, stem: str, number: int, count: int) -> dict[str, Any] | N
     }
 
 
+#: markupsafe's own escaping of a str (C), as markupsafe.escape does it, without the Markup wrapper;
+#: another markupsafe's public escape when it has none
+_escape_inner: Callable[[str], str] = getattr(markupsafe, "_escape_inner", None) or (
+    lambda text: str(markupsafe.escape(text))
+)
+
+
+def output_escape(value: Any, /) -> str:
+    """What a template's ``{{ value }}`` writes: markupsafe.escape(value), character for character.
+    A plain str (most values) is escaped without building a Markup object around it; a page's
+    output is joined into one str, so the wrapper was work and nothing else. Markup and int
+    values are written as escape writes them, without its checks."""
+    kind = type(value)
+    if kind is str:
+        return _escape_inner(value)
+    if kind is Markup:  # safe already: escape returns it as it is
+        return cast(str, value)
+    if kind is int:  # digits and a sign: nothing to escape
+        return str(value)
+    return markupsafe.escape(value)
+
+
+class _Template(jinja2.Template):
+    """A template whose output escaping (the ``escape`` its compiled code calls around each
+    ``{{ }}`` when autoescaping) is :func:`output_escape`: the same characters, less work."""
+
+    @classmethod
+    def from_code(
+        cls,
+        environment: jinja2.Environment,
+        code: Any,
+        globals: Any,
+        uptodate: Callable[[], bool] | None = None,
+    ) -> jinja2.Template:
+        template = super().from_code(environment, code, globals, uptodate)
+        template.root_render_func.__globals__["escape"] = output_escape  # blocks and macros share them
+        return template
+
+
 class Site:
     """Renders the pages into a folder and keeps the file list for the manifest."""
 
@@ -684,6 +721,7 @@ class Site:
             keep_trailing_newline=True,
             auto_reload=False,  # loaded once per export: no stat of the template per page
         )
+        self.env.template_class = _Template
         self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES)
         # a level's badge, rendered once by its macro: every page shows several
         self.env.globals["badges"] = {
@@ -975,7 +1013,9 @@ class Site:
             task_id = ref.partition("@")[0]
             known = task_id in self.tasks and self.tasks[task_id].spec.ref == ref
             tasks.append({**t, "href": f"../tasks/{task_id}.html" if known else None,
-                          "title": self.tasks[task_id].spec.title if known else None})  # fmt: skip
+                          "title": self.tasks[task_id].spec.title if known else None,
+                          "verdict": _verdict(t.get("judgement") or {}),
+                          "interval": e.task_intervals.get(t.get("task"))})  # fmt: skip
         return {
             "s": s,
             "tasks": tasks,
@@ -1039,24 +1079,26 @@ class Site:
         return work
 
     def _docs(self) -> list[Callable[[], None]]:
-        work: list[Callable[[], None]] = []
+        """The docs, their index and the schemas: one work item (each doc's title, which the index
+        lists, comes from its rendered markdown), so that the markdown is rendered by a worker too."""
+        return [self._docs_pages]
+
+    def _docs_pages(self) -> None:
         listing = []
         for name in sorted(self.docs, key=lambda n: (DOC_ORDER.index(n) if n in DOC_ORDER else len(DOC_ORDER), n)):
             text = self.docs[name].read_text(encoding="utf-8")
             html, headings = self.markdown.render(text, source_dir="docs", page_dir="docs")
             title = next((h["text"] for h in headings if h["level"] == 1), name)
             listing.append({"name": name, "title": title, "href": f"{name}.html"})
-            work.append(
-                lambda name=name, title=title, html=html, headings=headings: self.page(  # type: ignore[misc]
-                    f"docs/{name}.html",
-                    "doc.html",
-                    title=title,
-                    section="docs",
-                    site=self.chrome,
-                    body=html,
-                    toc=[h for h in headings if h["level"] == 2],
-                    source=f"docs/{name}.md",
-                )
+            self.page(
+                f"docs/{name}.html",
+                "doc.html",
+                title=title,
+                section="docs",
+                site=self.chrome,
+                body=html,
+                toc=[h for h in headings if h["level"] == 2],
+                source=f"docs/{name}.md",
             )
         self.page("docs/index.html", "docs.html", title="Documentation", section="docs", site=self.chrome,
                   docs=listing, schemas=bool(self.schemas))  # fmt: skip
@@ -1065,7 +1107,6 @@ class Site:
             self.write(f"schemas/{name}", (folder / name).read_bytes())
         self.page("schemas/index.html", "schemas.html", title="JSON Schemas", section="docs", site=self.chrome,
                   schemas=self.schemas)  # fmt: skip
-        return work
 
     # exports
 
@@ -1196,6 +1237,23 @@ def _json_fallback(value: Any) -> Any:
 
 
 _TEXT_COLUMNS = frozenset({"agent", "model", "effort"})
+
+
+#: what a submission's page shows of a task's judgement (absent: None), and of the bundle's own verdict
+VERDICT_KEYS = ("status", "faithful", "source", "judge_key_id", "judge_model", "input_sha256", "rationale")
+CLAIMED_KEYS = ("outcome", "faithful", "judge_model", "signature")
+FINDING_KEYS = ("item", "kind", "satisfied", "evidence")
+
+
+def _verdict(judgement: dict[str, Any]) -> dict[str, Any]:
+    """A task's judgement with every key its page reads (absent: None), the bundle's own verdict
+    (``claimed``) and each finding alike: read by key in the template, no ``.get()`` call per value."""
+    claimed = judgement.get("claimed") or {}
+    return {
+        **{k: judgement.get(k) for k in VERDICT_KEYS},
+        "claimed": {k: claimed.get(k) for k in CLAIMED_KEYS},
+        "findings": [{k: f.get(k) for k in FINDING_KEYS} for f in judgement.get("findings") or ()],
+    }
 
 
 def _judged_by(judgement: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -40,15 +40,38 @@ def genre_of(ref: str, summary: Mapping[str, Any], specs: Mapping[str, Any]) -> 
     return spec.genre if spec is not None else None
 
 
-def coverage(summary: Mapping[str, Any], category: str, specs: Mapping[str, Any]) -> tuple[int, int]:
-    """(covered, required) tasks of the release in ``category`` ("overall": all of them)."""
+def task_genres(summary: Mapping[str, Any], refs: Iterable[Any], specs: Mapping[str, Any]) -> dict[Any, str | None]:
+    """:func:`genre_of` for each of ``refs``, reading the summary's task records once."""
+    info = summary.get("task_info") or {}
+    recorded: dict[str, Any] = {}  # a task's first record with a genre
+    for t in summary.get("tasks") or []:
+        if isinstance(t, Mapping) and type(ref := t.get("task")) is str and t.get("genre"):
+            recorded.setdefault(ref, t["genre"])
+    genres: dict[Any, str | None] = {}
+    for ref in refs:
+        if type(ref) is not str:  # not a ref of a task: genre_of's own reading
+            genres[ref] = genre_of(ref, summary, specs)
+        elif (known := info.get(ref) or {}).get("genre"):
+            genres[ref] = str(known["genre"])
+        elif ref in recorded:
+            genres[ref] = str(recorded[ref])
+        else:
+            spec = specs.get(ref)
+            genres[ref] = spec.genre if spec is not None else None
+    return genres
+
+
+def coverage(
+    summary: Mapping[str, Any], category: str, specs: Mapping[str, Any], genres: Mapping[Any, str | None] | None = None
+) -> tuple[int, int]:
+    """(covered, required) tasks of the release in ``category`` ("overall": all of them);
+    ``genres``: :func:`task_genres` of them, when the caller has it."""
     covered = list(summary.get("covered") or [])
     required = covered + list(summary.get("missing") or [])
-
-    def wanted(ref: str) -> bool:
-        return category == "overall" or genre_of(ref, summary, specs) == category
-
-    return sum(1 for r in covered if wanted(r)), sum(1 for r in required if wanted(r))
+    if category == "overall":
+        return len(covered), len(required)
+    genre = task_genres(summary, required, specs) if genres is None else genres
+    return sum(1 for r in covered if genre[r] == category), sum(1 for r in required if genre[r] == category)
 
 
 def complete(covered_required: tuple[int, int]) -> bool:
