@@ -800,3 +800,31 @@ def test_the_site_templates_escape_with_output_escape(tmp_path: Path) -> None:
     assert site.env.from_string("{{ x }}|{{ y }}|{{ n }}").render(x="<a href='x'>&\"", y=Markup("<b>"), n=-3) == (
         "&lt;a href=&#39;x&#39;&gt;&amp;&#34;|<b>|-3"
     )
+
+
+@pytest.mark.parametrize(
+    ("option", "raw", "message"),
+    [
+        ("--jobs", "100000", "'100000': between 1 and 64 worker processes"),
+        ("--jobs", "0", "'0': between 1 and 64 worker processes"),
+        ("--jobs", "-3", "'-3': between 1 and 64 worker processes"),
+        ("--jobs", "1" + "0" * 40, "between 1 and 64 worker processes"),
+        ("--jobs", "two", "'two' is not a number of worker processes"),
+        ("--page-size", "0", "'0': between 1 and 10000 rows"),
+        ("--page-size", "99999999", "between 1 and 10000 rows"),
+        ("--page-size", "1.5", "'1.5' is not a number of rows"),
+        ("--top-n", "-1", "'-1': between 1 and 1000 agents"),
+        ("--top-n", "\x00", "is not a number of agents"),
+    ],
+)
+def test_export_site_numbers_out_of_bounds_are_a_usage_error_not_a_fork_per_job(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], option: str, raw: str, message: str
+) -> None:
+    """``--jobs 100000`` made a pool of 100000 forked workers; every number of export-site is
+    now bounded where it is parsed: a usage error (exit 2) naming the range, nothing written."""
+    out = tmp_path / "site"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["export-site", str(out), option, raw])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()

@@ -352,13 +352,17 @@ def build_parser() -> argparse.ArgumentParser:
     site = sub.add_parser("export-site", help="render the static leaderboard into DIR (plain files for a CDN)")
     site.add_argument("dir", help="the site's folder (replaced; only if empty or a previous export)")
     site.add_argument("--docs", help="markdown docs to render under docs/ (default: the checkout's docs/)")
-    site.add_argument("--page-size", type=int, default=100, help="rows per board page (default 100)")
-    site.add_argument("--top-n", type=int, default=10, help="agents in the Top-N chart (default 10)")
+    site.add_argument(
+        "--page-size", type=_bounded(int, 1, 10_000, "rows"), default=100, help="rows per board page (default 100)"
+    )
+    site.add_argument(
+        "--top-n", type=_bounded(int, 1, 1000, "agents"), default=10, help="agents in the Top-N chart (default 10)"
+    )
     site.add_argument(
         "--jobs",
-        type=int,
+        type=_bounded(int, 1, 64, "worker processes"),
         default=None,
-        help="worker processes for the pages (default: the CPUs, up to 8)",
+        help="worker processes for the pages, 1 to 64 (default: the CPUs, up to 8)",
     )
     site.add_argument(
         "--every",
