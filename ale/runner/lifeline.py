@@ -165,6 +165,22 @@ def popen(argv: Sequence[str], **options: Any) -> subprocess.Popen[bytes]:
 # -- a child as Trio sees it ------------------------------------------------------------------------------
 
 
+async def wait_popen(popen: subprocess.Popen[bytes]) -> int:
+    """Wait for a child started with subprocess without blocking the Trio loop: on a pidfd."""
+    if (status := popen.poll()) is not None:
+        return status
+    try:
+        pidfd = os.pidfd_open(popen.pid)  # ours and unreaped until poll() reaps it
+    except ProcessLookupError:
+        return popen.wait()
+    try:
+        while (status := popen.poll()) is None:
+            await trio.lowlevel.wait_readable(pidfd)
+    finally:
+        os.close(pidfd)
+    return status
+
+
 @attrs.define(eq=False)
 class Child:
     """A child started by :func:`open_process`: its output as Trio streams, waited for by pidfd."""
@@ -182,18 +198,7 @@ class Child:
         return self.popen.poll()
 
     async def wait(self) -> int:
-        if (status := self.popen.poll()) is not None:
-            return status
-        try:
-            pidfd = os.pidfd_open(self.popen.pid)  # ours and unreaped until poll() reaps it
-        except ProcessLookupError:
-            return self.popen.wait()
-        try:
-            while (status := self.popen.poll()) is None:
-                await trio.lowlevel.wait_readable(pidfd)
-        finally:
-            os.close(pidfd)
-        return status
+        return await wait_popen(self.popen)
 
     def send_signal(self, sig: int) -> None:
         if self.popen.poll() is None:

@@ -166,15 +166,7 @@ class _Popen(supervise.Signals):
         return self.process.poll()
 
     async def wait(self) -> int:
-        if (status := self.process.poll()) is not None:
-            return status
-        pidfd = os.pidfd_open(self.process.pid)  # the child is ours: unreaped until poll() reaps it
-        try:
-            while (status := self.process.poll()) is None:
-                await trio.lowlevel.wait_readable(pidfd)
-        finally:
-            os.close(pidfd)
-        return status
+        return await lifeline.wait_popen(self.process)
 
 
 @attrs.define

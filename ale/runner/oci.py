@@ -51,7 +51,7 @@ import trio
 import trio.lowlevel
 
 from ale.core.parse import ParseError, parse_json
-from ale.runner import agent_env, oci_cgroups, oci_launch, sandbox_fs, seccomp, supervise, uids
+from ale.runner import agent_env, lifeline, oci_cgroups, oci_launch, sandbox_fs, seccomp, supervise, uids
 from ale.runner._groups import collapse
 from ale.runner.runtime import (
     GATEWAY_PORT,
@@ -464,15 +464,7 @@ class _Standby:
         return self.process.poll()
 
     async def wait(self) -> int:
-        if (status := self.process.poll()) is not None:
-            return status
-        pidfd = os.pidfd_open(self.process.pid)  # our child: unreaped until poll() reaps it
-        try:
-            while (status := self.process.poll()) is None:
-                await trio.lowlevel.wait_readable(pidfd)
-        finally:
-            os.close(pidfd)
-        return status
+        return await lifeline.wait_popen(self.process)
 
     def send_term(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
