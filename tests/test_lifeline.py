@@ -57,6 +57,13 @@ def _pids_with(marker: str) -> list[int]:
     return found
 
 
+def _argv0(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _until(predicate: object, timeout_s: float = WAIT_S) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -220,10 +227,15 @@ def test_a_sigkilled_harness_leaves_no_process_of_its_run_and_its_resume_complet
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         try:
 
-            def agents() -> list[int]:  # the harness's own command line names the agent's command too
-                return [pid for pid in _pids_with(marker) if pid != proc.pid]
+            def agents() -> list[int]:
+                """The agent's own process: its program is the agent's interpreter. The harness's
+                command line names the agent's command too, and so does every child the harness
+                forks until that child execs (found in CI: a probe's child caught before exec, the
+                harness then killed before its state folder was made)."""
+                return [pid for pid in _pids_with(marker) if pid != proc.pid and _argv0(pid) == agent_env.PYTHON]
 
             assert _until(lambda: proc.poll() is not None or agents(), 240), err_path.read_text()
+            assert list(out.glob("*.state")), "the agent runs before the run's state folder exists"
             assert proc.poll() is None, err_path.read_text()
             running = [pid for pid in _pids_with(str(tmp)) if pid != proc.pid]
             assert len(running) >= 2, running  # at least the evaluator and the sandbox's first process
