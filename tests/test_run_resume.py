@@ -432,6 +432,8 @@ def test_a_resumed_runs_runtime_is_its_active_spans_not_the_time_it_was_stopped(
     folder = base / "run-x.state"
     first = state.create(folder, "run-x", {})
     assert len(first.segments) == 1  # a new run's first segment is its start
+    first.run["started"] = 1000.0
+    first.write_run()
     first.segments = [(1000.0, 1000.0)]
     first.heartbeat(1010.0)  # then SIGKILL: nothing more is written
     resumed = state.load(folder)
@@ -441,6 +443,21 @@ def test_a_resumed_runs_runtime_is_its_active_spans_not_the_time_it_was_stopped(
     assert state.load(folder).segments == [(1000.0, 1010.0), (5000.0, 5000.0)]  # durable as it began
     resumed.heartbeat(4999.0)  # a clock that stepped back never shortens a segment
     assert resumed.active_s(5000.0) == 10.0
+
+
+def test_the_runtime_never_exceeds_the_runs_wall_clock_span(base: Path) -> None:
+    """A last heartbeat later than the run's stop, or a task span reaching before its start (a clock
+    stepped back and forth), adds nothing outside [started, now]: a verifier refuses a manifest
+    whose active_s exceeds finished - started."""
+    folder = base / "run-w.state"
+    kept = state.create(folder, "run-w", {})
+    kept.run["started"] = 1000.0
+    kept.write_run()
+    kept.segments = [(1000.0, 1000.0)]
+    kept.heartbeat(1100.0)  # written after the clock stepped forward
+    kept._spans["x"] = (900.0, 1010.0)
+    assert kept.active_s(1050.0) == 50.0
+    assert state.load(folder).active_s(1050.0) == 50.0
 
 
 @pytest.mark.parametrize(

@@ -276,6 +276,14 @@ def _add_task(doc: dict[str, Any]) -> None:
     )
 
 
+def _active_past_wall_time(doc: dict[str, Any]) -> None:
+    """A runtime longer than the run's wall-clock span (finished - started): no run's can be."""
+    from ale.core.documents import wall_seconds
+
+    run = doc["run"]
+    run["active_s"] = round(wall_seconds(run["finished"]) - wall_seconds(run["started"]) + 3600, 6)
+
+
 def _claim_full_coverage(doc: dict[str, Any]) -> None:
     agg = doc["aggregate"]
     agg["covered"] = sorted(agg["covered"] + agg["missing"])
@@ -301,6 +309,7 @@ DOCUMENT_CASES: dict[str, tuple[Callable[[dict[str, bytes]], dict[str, bytes]], 
         "schema_invalid",
     ),
     "schema-missing-field": (lambda f: h.edit(f, "score_breakdown.json", lambda d: _pop(d, "cap")), "schema_invalid"),
+    "manifest-active-s-past-wall-time": (lambda f: h.edit(f, "manifest.json", _active_past_wall_time), "schema_invalid"),
     # the trajectory's zstd frame gets the same reasons as the bundle's own (was schema_invalid, too_large)
     "events-not-zstd": (lambda f: _replace(f, "events.jsonl.zst", b"plain text events\n"), "bad_zstd"),
     "events-zstd-bomb": (lambda f: _replace(f, "events.jsonl.zst", _events_bomb()), "decompressed_too_large"),

@@ -15,6 +15,7 @@ attempt rather than the schema violation it also is.
 from __future__ import annotations
 
 import re
+from datetime import datetime, timezone
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -311,6 +312,22 @@ def _optional_seconds(_inst: object, attr: attrs.Attribute[float | None], value:
         raise ValueError(f"{attr.name} must be a number of seconds, not negative")
 
 
+#: How far ``run.active_s`` may exceed ``run.finished - run.started``: the timestamps' and the
+#: rounded seconds' last digits (microseconds), never a span of the run.
+ACTIVE_SLACK_S = 1e-3
+
+
+def wall_seconds(text: str) -> float:
+    """Seconds since the epoch of a wall time as the formats write it (RFC 3339 UTC, six
+    fractional digits, a Z): ValueError for any other text."""
+    if not _WALL_TIME.fullmatch(text):
+        raise ValueError(f"{text!r} is not an RFC 3339 UTC time with six fractional digits and a Z")
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+_WALL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z", re.ASCII)
+
+
 @attrs.frozen
 class RunInfo:
     completed: bool = attrs.field(validator=_true)
@@ -320,6 +337,16 @@ class RunInfo:
     # the run's runtime: the sum of its active spans (a resumed run's time while stopped is not in
     # it); absent in bundles of harnesses before it
     active_s: float | None = attrs.field(default=None, validator=_optional_seconds)
+
+    def __attrs_post_init__(self) -> None:
+        """The runtime lies within the run's wall-clock span (docs/formats.md, ``run.active_s``)."""
+        if self.active_s is None:
+            return
+        wall = wall_seconds(self.finished) - wall_seconds(self.started)
+        if self.active_s > wall + ACTIVE_SLACK_S:
+            raise ValueError(
+                f"active_s ({self.active_s} s) is more than the run's wall-clock span, finished - started ({wall:.6f} s)"
+            )
 
 
 @attrs.frozen

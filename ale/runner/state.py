@@ -231,11 +231,13 @@ class RunState:
 
     def active_s(self, now: float) -> float:
         """The run's runtime until ``now``: the union of its segments (this one until ``now``) and
-        of its finished tasks' spans."""
+        of its finished tasks' spans, within the run's wall-clock span (from its start to ``now``:
+        a verifier refuses a manifest whose ``active_s`` is more, docs/formats.md)."""
         spans = list(self.segments)
         if spans:
             spans[-1] = (spans[-1][0], max(now, spans[-1][1]))
-        return active_seconds(spans + list(self._spans.values()))
+        clipped = [(max(start, self.started), min(end, now)) for start, end in spans + list(self._spans.values())]
+        return active_seconds(clipped)
 
     def finish_task(self, task: catalog.Task, outcome: TaskOutcome, head: str, span: tuple[float, float]) -> None:
         """The task's spool (complete, at spool_partial) and its record, durably; ``span`` is when
