@@ -212,7 +212,9 @@ def test_ledger_lines_of_garbage_are_skipped_not_raised(raw: list[bytes]) -> Non
 def test_a_sigkilled_harness_leaves_no_process_of_its_run_and_its_resume_completes(base: Path) -> None:
     """``ale run`` SIGKILLed while its agent runs (evaluator, sandbox and agent all up): within a
     bounded wait no process of that run is left (matched by the run's TMPDIR in environment or
-    command line, and the agent's marker), and ``ale run --resume`` completes with a bundle."""
+    command line, and the agent's marker), and ``ale run --resume`` completes with a bundle. A
+    resume while the first harness still runs is refused (its state folder's lock), and the run
+    goes on."""
     need_bwrap()
     out, cwd, tmp = base / "out", base / "cwd", base / "tmp"
     for d in (cwd, tmp):
@@ -235,7 +237,17 @@ def test_a_sigkilled_harness_leaves_no_process_of_its_run_and_its_resume_complet
                 return [pid for pid in _pids_with(marker) if pid != proc.pid and _argv0(pid) == agent_env.PYTHON]
 
             assert _until(lambda: proc.poll() is not None or agents(), 240), err_path.read_text()
-            assert list(out.glob("*.state")), "the agent runs before the run's state folder exists"
+            (folder,) = out.glob("*.state")
+            run_id = folder.name.removesuffix(".state")
+            early = subprocess.run(
+                [sys.executable, "-m", "ale.runner.cli", "run", "--resume", run_id, "--plain", "--out", str(out)],
+                cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert early.returncode != 0, early.stderr  # a resume while the run still runs is refused ...
+            assert "still running" in early.stderr, early.stderr
+            assert f"pid {proc.pid}" in early.stderr, early.stderr
+            assert proc.poll() is None
+            assert agents()
             assert proc.poll() is None, err_path.read_text()
             running = [pid for pid in _pids_with(str(tmp)) if pid != proc.pid]
             assert len(running) >= 2, running  # at least the evaluator and the sandbox's first process
@@ -249,8 +261,6 @@ def test_a_sigkilled_harness_leaves_no_process_of_its_run_and_its_resume_complet
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    (folder,) = out.glob("*.state")
-    run_id = folder.name.removesuffix(".state")
     second = subprocess.run(
         [sys.executable, "-m", "ale.runner.cli", "run", "--resume", run_id, "--plain", "--out", str(out)],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=300,

@@ -445,6 +445,33 @@ def test_a_resumed_runs_runtime_is_its_active_spans_not_the_time_it_was_stopped(
     assert resumed.active_s(5000.0) == 10.0
 
 
+def test_a_state_folder_held_by_a_live_harness_cannot_be_held_again_until_it_dies(base: Path) -> None:
+    """Two harnesses never run one run's state at once: the second's hold is a StateError naming
+    the first's pid; once the first process is gone (here SIGKILLed) the folder can be held."""
+    folder = base / "run-l.state"
+    state.create(folder, "run-l", {})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from ale.runner import state; "
+         "state.load(Path(sys.argv[1])).hold(); print('held', flush=True); time.sleep(600)", str(folder)],
+        stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"held\n"
+        with pytest.raises(state.StateError, match=rf"still running: another harness \(pid {holder.pid}\)"):
+            state.load(folder).hold()
+    finally:
+        holder.kill()
+        holder.communicate()
+    kept = state.load(folder)
+    kept.hold()
+    kept.hold()  # (held already: nothing to do)
+    kept.release()
+    again = state.load(folder)
+    again.hold()  # (released: another may hold it)
+    again.release()
+
+
 def test_the_runtime_never_exceeds_the_runs_wall_clock_span(base: Path) -> None:
     """A last heartbeat later than the run's stop, or a task span reaching before its start (a clock
     stepped back and forth), adds nothing outside [started, now]: a verifier refuses a manifest

@@ -309,7 +309,10 @@ DOCUMENT_CASES: dict[str, tuple[Callable[[dict[str, bytes]], dict[str, bytes]], 
         "schema_invalid",
     ),
     "schema-missing-field": (lambda f: h.edit(f, "score_breakdown.json", lambda d: _pop(d, "cap")), "schema_invalid"),
-    "manifest-active-s-past-wall-time": (lambda f: h.edit(f, "manifest.json", _active_past_wall_time), "schema_invalid"),
+    "manifest-active-s-past-wall-time": (
+        lambda f: h.edit(f, "manifest.json", _active_past_wall_time),
+        "schema_invalid",
+    ),
     # the trajectory's zstd frame gets the same reasons as the bundle's own (was schema_invalid, too_large)
     "events-not-zstd": (lambda f: _replace(f, "events.jsonl.zst", b"plain text events\n"), "bad_zstd"),
     "events-zstd-bomb": (lambda f: _replace(f, "events.jsonl.zst", _events_bomb()), "decompressed_too_large"),

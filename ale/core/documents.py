@@ -15,8 +15,8 @@ attempt rather than the schema violation it also is.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import attrs
@@ -322,7 +322,7 @@ def wall_seconds(text: str) -> float:
     fractional digits, a Z): ValueError for any other text."""
     if not _WALL_TIME.fullmatch(text):
         raise ValueError(f"{text!r} is not an RFC 3339 UTC time with six fractional digits and a Z")
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
 
 
 _WALL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z", re.ASCII)
@@ -345,7 +345,8 @@ class RunInfo:
         wall = wall_seconds(self.finished) - wall_seconds(self.started)
         if self.active_s > wall + ACTIVE_SLACK_S:
             raise ValueError(
-                f"active_s ({self.active_s} s) is more than the run's wall-clock span, finished - started ({wall:.6f} s)"
+                f"active_s ({self.active_s} s) is more than the run's wall-clock span, "
+                f"finished - started ({wall:.6f} s)"
             )
 
 

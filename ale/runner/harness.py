@@ -229,6 +229,8 @@ class Harness:
                 target = root / "workspace" if finished else root
                 await trio.to_thread.run_sync(lambda: shutil.rmtree(target, ignore_errors=True))
                 await trio.to_thread.run_sync(self.runtime.close)
+                if not finished or self.options.state_parent is None:
+                    self.state.release()  # (a finished run's lets go once its bundle is written)
         return RunRecord(
             run_id=self.run_id,
             root=root,
@@ -463,10 +465,12 @@ class Harness:
         document = resume.options_document(self.options, self.runtime.name)
         if self.options.resume is None:
             self.state = create_state(folder, self.run_id, document)
+            self.state.hold()
             self._slots = [Slot(task) for task in tasks]
             return
         try:
             self.state = load_state(folder)
+            self.state.hold()  # (before anything of it is trusted: a live harness may still write it)
         except StateError as exc:
             raise RunError(f"cannot resume {self.run_id}: {exc}") from None
         differ = resume.differences(self.state.run["options"], document)

@@ -35,6 +35,7 @@ Once the bundle is written, ``bundle`` names it and the folder is removed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
@@ -67,6 +68,10 @@ MAX_SEGMENTS = 10_000  # starts and resumes of one run
 
 class StateError(ValueError):
     """A state folder that cannot be resumed (the message says why)."""
+
+
+#: The file of a state folder whose lock its running harness holds (RunState.hold).
+LOCK_FILE = "lock"
 
 
 def folder_for(parent: Path, run_id: str) -> Path:
@@ -182,6 +187,38 @@ class RunState:
         self.folder, self.run, self._key = folder, run, key
         self.segments = segments  # the earlier segments', and (once begun) this one's last
         self._spans: dict[str, tuple[float, float]] = {}  # each finished task's (this segment's and reused)
+        self._lock = -1  # the folder's lock while this process runs the run (hold)
+
+    def hold(self) -> None:
+        """This process runs the run: it holds the folder's lock (``lock``, flock) until
+        :meth:`release` or its exit, however it ends (the kernel lets go of a dead process's lock).
+        StateError when another harness holds it: one run's state is never run twice at once."""
+        if self._lock >= 0:
+            return
+        path = self.folder / LOCK_FILE
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise StateError(f"{path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            os.close(fd)
+            pid = f" (pid {holder})" if holder.isdigit() else ""
+            raise StateError(
+                f"the run is still running: another harness{pid} holds {self.folder}; wait for it to end "
+                "or stop it, then resume"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock = fd
+
+    def release(self) -> None:
+        """Let go of the folder's lock (:meth:`hold`)."""
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
 
     @property
     def run_id(self) -> str:
@@ -319,6 +356,7 @@ class RunState:
         with contextlib.suppress(OSError):
             write_atomic(self.folder / "bundle", f"{path}\n".encode())
         shutil.rmtree(self.folder, ignore_errors=True)
+        self.release()
 
 
 def create(folder: Path, run_id: str, options: dict[str, Any]) -> RunState:
