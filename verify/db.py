@@ -1,8 +1,9 @@
 """All database access of the verifier: one set of queries on SQLite (WAL) or PostgreSQL.
 
 ``DATABASE_URL`` chooses the engine (:func:`location`): ``sqlite:///PATH`` (or a plain path)
-for SQLite, a connection per call, in WAL mode; ``postgresql://...`` for PostgreSQL through
-psycopg 3, one connection pool per process and database. The queries are written once, in the
+for SQLite, in WAL mode, a connection kept by each thread (:meth:`SqliteEngine.kept`);
+``postgresql://...`` for PostgreSQL through psycopg 3, one connection pool per process and
+database. The queries are written once, in the
 SQL both engines share, with ``?`` parameters (the PostgreSQL engine writes them as ``%s``).
 Each numbered migration is written once per engine with the same intent; the tests hold the
 two schemas to each other (tests/test_verifier_postgres.py).
