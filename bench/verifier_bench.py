@@ -792,6 +792,8 @@ def bench_load(
         log.close()
     lat = res["latencies"]
     n_ok, n_err = len(lat), len(res["errors"])
+    machine_s = machine1[1] - machine0[1]  # every core's time over the load (/proc/stat)
+    others = (machine1[0] - machine0[0]) - (tree1 - tree0) - (self1 - self0)
     return {
         "workers": workers,
         "clients": clients,
@@ -815,9 +817,10 @@ def bench_load(
         "client_cpu_percent_of_one_core": 100 * (self1 - self0) / res["elapsed_s"],
         # the machine's cores during the load: busy (all processes) and what other processes took
         "machine_busy_percent": 100 * (machine1[0] - machine0[0]) / (machine1[1] - machine0[1]),
-        "machine_others_percent_of_one_core": 100
-        * ((machine1[0] - machine0[0]) - (tree1 - tree0) - (self1 - self0))
-        / res["elapsed_s"],
+        "machine_others_percent_of_one_core": 100 * others / res["elapsed_s"],
+        # of the cores' time the other processes left, what the server and its clients used: near
+        # 100% with 2 workers means nothing serialises them (the CPU is what bounds them)
+        "percent_of_the_cpu_left_used": 100 * ((tree1 - tree0) + (self1 - self0)) / (machine_s - others),
         "loadavg_before": list(load0),
         "loadavg_after": list(os.getloadavg()),
         "db_submissions_by_status": dict(stored),
@@ -961,7 +964,8 @@ def main() -> None:
                   f" processes (the server process alone {load['server_cpu_percent_of_one_core']:.0f}%); client CPU"
                   f" {load['client_cpu_percent_of_one_core']:.0f}% ({load['client']}); the machine's cores"
                   f" {load['machine_busy_percent']:.0f}% busy (other processes"
-                  f" {load['machine_others_percent_of_one_core']:.0f}% of one core); load average"
+                  f" {load['machine_others_percent_of_one_core']:.0f}% of one core; of what they left, the server"
+                  f" and its clients used {load['percent_of_the_cpu_left_used']:.0f}%); load average"
                   f" {load['loadavg_before'][0]:.2f} -> {load['loadavg_after'][0]:.2f};"
                   f" stored {load['db_submissions_by_status']}")  # fmt: skip
             sq = load["sequential"]
