@@ -21,7 +21,9 @@ Run: .venv/bin/python bench/verifier_bench.py [--quick] [--out bench/results/ver
    each uploading a small real bundle (~300 KB) again and again for a fixed time: uploads/s side
    by side (and their ratio), p50/p99 latency, errors (any response but 201 accepted), the
    server's processes' CPU, the clients' CPU, how busy the machine's cores were and what other
-   processes took of them, the load average. The databases are in the
+   processes took of them, the load average. ``--load-rounds N`` runs the servers in turn N times
+   and reports each round's ratio and their median (on a shared machine the other work changes
+   less within a round than across a whole run). The databases are in the
    work dir (default: the system's temp dir, a real disk with real fsyncs; ``--work-dir /dev/shm``
    takes the disk out of the figures).
 """
@@ -738,6 +740,8 @@ def bench_load(
     import httpx
 
     database = data / f"verifier-{workers}-workers.sqlite3"
+    for old in (database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")):
+        old.unlink(missing_ok=True)  # (a round before this one's)
     env = {**os.environ, "ALE_VERIFY_DATA": str(data), "ALE_VERIFY_UPLOADS_PER_HOUR": str(10**9),
            "ALE_VERIFY_DATABASE": str(database)}  # fmt: skip
     for name in ("KEEP_SUBMISSION_BUNDLES", "ALE_VERIFY_WORKERS", "ALE_VERIFY_CHECK_PROCESSES", "DATABASE_URL"):
@@ -833,13 +837,40 @@ def bench_load(
     }
 
 
-def _scaling(loads: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """uploads/s of the second server over the first (e.g. 2 workers over 1)."""
-    if len(loads) < 2:
+def _print_loads(loads: dict[int, dict[str, Any]]) -> None:
+    for n, load in loads.items():
+        print(f"  --workers {n}: {load['uploads_ok']} accepted, {load['errors']} errors,"
+              f" {load['uploads_per_s']:.1f} uploads/s; latency p50 {load['latency_p50_s'] * 1000:.0f} ms,"
+              f" p99 {load['latency_p99_s'] * 1000:.0f} ms; server CPU"
+              f" {load['server_tree_cpu_percent_of_one_core']:.0f}% of one core in its {load['server_processes']}"
+              f" processes (the server process alone {load['server_cpu_percent_of_one_core']:.0f}%); client CPU"
+              f" {load['client_cpu_percent_of_one_core']:.0f}% ({load['client']}); the machine's cores"
+              f" {load['machine_busy_percent']:.0f}% busy (other processes"
+              f" {load['machine_others_percent_of_one_core']:.0f}% of one core; of what they left, the server"
+              f" and its clients used {load['percent_of_the_cpu_left_used']:.0f}%); load average"
+              f" {load['loadavg_before'][0]:.2f} -> {load['loadavg_after'][0]:.2f};"
+              f" stored {load['db_submissions_by_status']}")  # fmt: skip
+        sq = load["sequential"]
+        print(f"    one client, sequential: {sq['uploads_per_s']:.1f} uploads/s, p50"
+              f" {sq['latency_p50_s'] * 1000:.0f} ms ({sq['errors']} errors)")  # fmt: skip
+        for e in load["error_samples"]:
+            print(f"    error: {e}")
+
+
+def _scaling(rounds: list[dict[int, dict[str, Any]]]) -> dict[str, Any] | None:
+    """uploads/s of the second server over the first (e.g. 2 workers over 1), each round's (the two
+    measured one after the other) and their median."""
+    if not rounds or len(rounds[0]) < 2:
         return None
-    (n1, l1), (n2, l2) = sorted(loads.items())[:2]
-    ratio = l2["uploads_per_s"] / l1["uploads_per_s"] if l1["uploads_per_s"] else None
-    return {"workers": [n1, n2], "uploads_per_s": [l1["uploads_per_s"], l2["uploads_per_s"]], "ratio": ratio}
+    (n1, _), (n2, _) = sorted(rounds[0].items())[:2]
+    pairs = [(r[n1]["uploads_per_s"], r[n2]["uploads_per_s"]) for r in rounds]
+    ratios = [b / a for a, b in pairs if a]
+    return {
+        "workers": [n1, n2],
+        "uploads_per_s": [list(p) for p in pairs],
+        "ratios": ratios,
+        "ratio": statistics.median(ratios) if ratios else None,
+    }
 
 
 # -- main ----------------------------------------------------------------------------------------------
@@ -860,6 +891,9 @@ def main() -> None:
                         "(default: the system's; /dev/shm takes the disk's fsync out of the figures)")  # fmt: skip
     parser.add_argument("--load-workers", type=int, nargs="+", default=[1, 2],
                         help="the servers of the load test: `serve --workers N` for each N (default 1 2)")  # fmt: skip
+    parser.add_argument("--load-rounds", type=int, default=1,
+                        help="rounds of the load: each runs every --load-workers server in turn (their ratio's"
+                        " median is reported: the machine's other work changes less within a round)")  # fmt: skip
     parser.add_argument("--load-client", choices=("lean", "httpx"), default="lean",
                         help="the load's HTTP client: a lean keep-alive HTTP/1.1 one (default) or httpx")  # fmt: skip
     args = parser.parse_args()
@@ -950,34 +984,26 @@ def main() -> None:
               f" {small_ver['runs']}); largest steps: "
               + ", ".join(f"{k} {v * 1000:.1f}" for k, v in top[:4]))  # fmt: skip
 
-        loads = {
-            n: bench_load(data, small, args.clients, duration, sequential, n, args.load_client)
-            for n in args.load_workers
-        }
         print(f"load: {args.clients} clients x {duration:.0f} s, {len(small):,} B bundle each upload, databases"
               f" in {tmp} (each 201 is on its disk: SQLite synchronous=FULL, group commit):")  # fmt: skip
-        for n, load in loads.items():
-            print(f"  --workers {n}: {load['uploads_ok']} accepted, {load['errors']} errors,"
-                  f" {load['uploads_per_s']:.1f} uploads/s; latency p50 {load['latency_p50_s'] * 1000:.0f} ms,"
-                  f" p99 {load['latency_p99_s'] * 1000:.0f} ms; server CPU"
-                  f" {load['server_tree_cpu_percent_of_one_core']:.0f}% of one core in its {load['server_processes']}"
-                  f" processes (the server process alone {load['server_cpu_percent_of_one_core']:.0f}%); client CPU"
-                  f" {load['client_cpu_percent_of_one_core']:.0f}% ({load['client']}); the machine's cores"
-                  f" {load['machine_busy_percent']:.0f}% busy (other processes"
-                  f" {load['machine_others_percent_of_one_core']:.0f}% of one core; of what they left, the server"
-                  f" and its clients used {load['percent_of_the_cpu_left_used']:.0f}%); load average"
-                  f" {load['loadavg_before'][0]:.2f} -> {load['loadavg_after'][0]:.2f};"
-                  f" stored {load['db_submissions_by_status']}")  # fmt: skip
-            sq = load["sequential"]
-            print(f"    one client, sequential: {sq['uploads_per_s']:.1f} uploads/s, p50"
-                  f" {sq['latency_p50_s'] * 1000:.0f} ms ({sq['errors']} errors)")  # fmt: skip
-            for e in load["error_samples"]:
-                print(f"    error: {e}")
-        if len(loads) >= 2:
-            (n1, l1), (n2, l2) = sorted(loads.items())[:2]
-            scaling = l2["uploads_per_s"] / l1["uploads_per_s"] if l1["uploads_per_s"] else float("nan")
-            print(f"  uploads/s with {n2} workers / with {n1}: {scaling:.2f}x")
-        errors = sum(load["errors"] for load in loads.values())
+        rounds_of_loads = []
+        for r in range(args.load_rounds):
+            if args.load_rounds > 1:
+                print(f" round {r + 1} of {args.load_rounds}:")
+            loads = {
+                n: bench_load(data, small, args.clients, duration, sequential, n, args.load_client)
+                for n in args.load_workers
+            }
+            _print_loads(loads)
+            rounds_of_loads.append(loads)
+        scaling = _scaling(rounds_of_loads)
+        if scaling is not None:
+            n1, n2 = scaling["workers"]
+            each = ", ".join(f"{x:.2f}x" for x in scaling["ratios"])
+            print(f"  uploads/s with {n2} workers / with {n1}: median {scaling['ratio']:.2f}x"
+                  f" (each round, the servers in turn: {each})")  # fmt: skip
+        loads = {n: load for round_ in rounds_of_loads for n, load in round_.items()}
+        errors = sum(load["errors"] for round_ in rounds_of_loads for load in round_.values())
         print(f"  {'no errors' if errors == 0 else 'ERRORS: the load goal is not met'}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -1002,8 +1028,9 @@ def main() -> None:
         "load_bundle": small_info,
         "verification": {k: v for k, v in ver.items() if k != "profile_text"},
         "load_bundle_in_process": small_ver,
-        "load": {str(n): load for n, load in loads.items()},
-        "load_scaling": _scaling(loads),
+        "load": {str(n): load for n, load in loads.items()},  # (the last round's)
+        "load_rounds": [{str(n): load for n, load in round_.items()} for round_ in rounds_of_loads],
+        "load_scaling": scaling,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
