@@ -1000,8 +1000,8 @@ def main() -> None:
         if scaling is not None:
             n1, n2 = scaling["workers"]
             each = ", ".join(f"{x:.2f}x" for x in scaling["ratios"])
-            print(f"  uploads/s with {n2} workers / with {n1}: median {scaling['ratio']:.2f}x"
-                  f" (each round, the servers in turn: {each})")  # fmt: skip
+            rounds = f"median {scaling['ratio']:.2f}x (each round, the servers in turn: {each})"
+            print(f"  uploads/s with {n2} workers / with {n1}: {each if len(scaling['ratios']) == 1 else rounds}")
         loads = {n: load for round_ in rounds_of_loads for n, load in round_.items()}
         errors = sum(load["errors"] for round_ in rounds_of_loads for load in round_.values())
         print(f"  {'no errors' if errors == 0 else 'ERRORS: the load goal is not met'}")
