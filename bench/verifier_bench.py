@@ -16,9 +16,14 @@ Run: .venv/bin/python bench/verifier_bench.py [--quick] [--out bench/results/ver
    of ``check_chunk`` against its exact loop alone), a per-step breakdown (the pipeline's steps
    called one by one) and a cProfile of one in-process run.
 3. Load: ``ale-verify serve --workers 1`` and then ``--workers 2`` on 127.0.0.1 as a subprocess,
-   50 concurrent httpx clients each uploading a small real bundle (~300 KB) again and again for a
-   fixed time: uploads/s side by side (and their ratio), p50/p99 latency, errors (any response
-   but 201 accepted), the server's processes' CPU, the load average. The databases are in the
+   50 concurrent clients (in this process: lean keep-alive HTTP/1.1 connections, so that the
+   clients take little of the cores the server is measured on; ``--load-client httpx`` for httpx)
+   each uploading a small real bundle (~300 KB) again and again for a fixed time: uploads/s side
+   by side (and their ratio), p50/p99 latency, errors (any response but 201 accepted), the
+   server's processes' CPU, the clients' CPU, how busy the machine's cores were and what other
+   processes took of them, the load average. ``--load-rounds N`` runs the servers in turn N times
+   and reports each round's ratio and their median (on a shared machine the other work changes
+   less within a round than across a whole run). The databases are in the
    work dir (default: the system's temp dir, a real disk with real fsyncs; ``--work-dir /dev/shm``
    takes the disk out of the figures).
 """
@@ -47,6 +52,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -595,7 +601,93 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class _Http:
+    """A lean HTTP/1.1 client for the load: one keep-alive connection, the request's bytes made
+    once, the reply's status line, headers and ``Content-Length`` body read in full. httpx costs
+    the benchmark's process about 3.5 ms of CPU an upload, taken from the cores the server is
+    measured on; this costs a fraction of it (``--load-client httpx`` measures with httpx)."""
+
+    def __init__(self, url: str, token: str, body: bytes) -> None:
+        parts = urllib.parse.urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.request = (
+            f"POST /api/v1/submissions HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/octet-stream\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        self.streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+
+    async def post(self) -> tuple[int, bytes]:
+        """One upload: the reply's status and body (a new connection when the last one closed)."""
+        if self.streams is None:
+            self.streams = await asyncio.open_connection(self.host, self.port)
+        reader, writer = self.streams
+        try:
+            writer.write(self.request)
+            await writer.drain()
+            status = int((await reader.readline()).split(b" ", 2)[1])
+            length, keep = None, True
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                name = name.strip().lower()
+                if name == b"content-length":
+                    length = int(value)
+                elif name == b"connection":
+                    keep = value.strip().lower() != b"close"
+                elif name == b"transfer-encoding":
+                    raise ValueError(f"the bench's client reads no Transfer-Encoding ({value.strip()!r})")
+            if length is None:
+                raise ValueError("a reply without Content-Length")
+            reply = await reader.readexactly(length)
+        except BaseException:
+            await self.close()
+            raise
+        if not keep:
+            await self.close()
+        return status, reply
+
+    async def close(self) -> None:
+        if self.streams is not None:
+            writer = self.streams[1]
+            self.streams = None
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+
 async def _client(url: str, token: str, body: bytes, deadline: float, max_uploads: int, out: dict[str, Any]) -> None:
+    if out.get("client") == "httpx":
+        await _httpx_client(url, token, body, deadline, max_uploads, out)
+        return
+    from ale.core.parse import ParseError, parse_json
+
+    http = _Http(url, token, body)
+    try:
+        for _ in range(max_uploads):
+            if time.perf_counter() >= deadline:
+                break
+            started = time.perf_counter()
+            try:
+                status, reply = await http.post()
+            except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as exc:
+                out["errors"].append(f"{type(exc).__name__}: {exc}")
+                continue
+            elapsed = time.perf_counter() - started
+            try:
+                verdict = parse_json(reply, what="the reply")
+            except ParseError:
+                verdict = None
+            if status == 201 and isinstance(verdict, dict) and verdict.get("status") == "accepted":
+                out["latencies"].append(elapsed)
+            else:
+                out["errors"].append(f"HTTP {status}: {reply[:200]!r}")
+    finally:
+        await http.close()
+
+
+async def _httpx_client(
+    url: str, token: str, body: bytes, deadline: float, max_uploads: int, out: dict[str, Any]
+) -> None:
     import httpx
 
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/octet-stream"}
@@ -617,8 +709,8 @@ async def _client(url: str, token: str, body: bytes, deadline: float, max_upload
                 out["errors"].append(f"HTTP {reply.status_code}: {reply.text[:200]}")
 
 
-async def _load(url: str, token: str, body: bytes, clients: int, duration: float) -> dict[str, Any]:
-    out: dict[str, Any] = {"latencies": [], "errors": []}
+async def _load(url: str, token: str, body: bytes, clients: int, duration: float, client: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"latencies": [], "errors": [], "client": client}
     started = time.perf_counter()
     deadline = started + duration
     await asyncio.gather(*(_client(url, token, body, deadline, 100_000, out) for _ in range(clients)))
@@ -626,19 +718,30 @@ async def _load(url: str, token: str, body: bytes, clients: int, duration: float
     return out
 
 
-async def _sequential(url: str, token: str, body: bytes, n: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"latencies": [], "errors": []}
+async def _sequential(url: str, token: str, body: bytes, n: int, client: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"latencies": [], "errors": [], "client": client}
     started = time.perf_counter()
     await _client(url, token, body, time.perf_counter() + 600, n, out)
     out["elapsed_s"] = time.perf_counter() - started
     return out
 
 
-def bench_load(data: Path, body: bytes, clients: int, duration: float, sequential: int, workers: int) -> dict[str, Any]:
+def _machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the whole machine so far, from /proc/stat (idle and iowait are not busy)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
+    tck = os.sysconf("SC_CLK_TCK")
+    return (sum(fields) - fields[3] - fields[4]) / tck, sum(fields) / tck
+
+
+def bench_load(
+    data: Path, body: bytes, clients: int, duration: float, sequential: int, workers: int, client: str = "lean"
+) -> dict[str, Any]:
     """``ale-verify serve --workers N`` (its own database) under ``clients`` concurrent uploaders."""
     import httpx
 
     database = data / f"verifier-{workers}-workers.sqlite3"
+    for old in (database, database.with_name(database.name + "-wal"), database.with_name(database.name + "-shm")):
+        old.unlink(missing_ok=True)  # (a round before this one's)
     env = {**os.environ, "ALE_VERIFY_DATA": str(data), "ALE_VERIFY_UPLOADS_PER_HOUR": str(10**9),
            "ALE_VERIFY_DATABASE": str(database)}  # fmt: skip
     for name in ("KEEP_SUBMISSION_BUNDLES", "ALE_VERIFY_WORKERS", "ALE_VERIFY_CHECK_PROCESSES", "DATABASE_URL"):
@@ -667,18 +770,18 @@ def bench_load(data: Path, body: bytes, clients: int, duration: float, sequentia
             time.sleep(0.1)
 
         async def warm_up() -> dict[str, Any]:  # every worker's first uploads, apart
-            done = await asyncio.gather(*(_sequential(url, token, body, 3) for _ in range(workers)))
+            done = await asyncio.gather(*(_sequential(url, token, body, 3, client) for _ in range(workers)))
             return {"errors": [e for d in done for e in d["errors"]]}
 
         warm = asyncio.run(warm_up())
         if warm["errors"]:
             raise SystemExit(f"warm-up uploads failed: {warm['errors'][:3]}")
-        seq = asyncio.run(_sequential(url, token, body, sequential))
+        seq = asyncio.run(_sequential(url, token, body, sequential, client))
         tree = _tree(proc.pid)  # the server, its fork server and its upload workers
         cpu0, self0, load0 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds(), os.getloadavg()
-        tree0 = _cpu_s(tree)
-        res = asyncio.run(_load(url, token, body, clients, duration))
-        cpu1, self1, tree1 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds(), _cpu_s(tree)
+        tree0, machine0 = _cpu_s(tree), _machine_cpu()
+        res = asyncio.run(_load(url, token, body, clients, duration, client))
+        cpu1, self1, tree1, machine1 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds(), _cpu_s(tree), _machine_cpu()
         threads = int(Path(f"/proc/{proc.pid}/status").read_text().split("Threads:")[1].split()[0])
         with contextlib.closing(sqlite3.connect(database)) as conn:
             stored = conn.execute("SELECT status, COUNT(*) FROM submissions GROUP BY status").fetchall()
@@ -693,6 +796,8 @@ def bench_load(data: Path, body: bytes, clients: int, duration: float, sequentia
         log.close()
     lat = res["latencies"]
     n_ok, n_err = len(lat), len(res["errors"])
+    machine_s = machine1[1] - machine0[1]  # every core's time over the load (/proc/stat)
+    others = (machine1[0] - machine0[0]) - (tree1 - tree0) - (self1 - self0)
     return {
         "workers": workers,
         "clients": clients,
@@ -712,7 +817,14 @@ def bench_load(data: Path, body: bytes, clients: int, duration: float, sequentia
         "server_processes": len(tree),
         "server_tree_cpu_percent_of_one_core": 100 * (tree1 - tree0) / res["elapsed_s"],
         "server_threads_at_end": threads,
+        "client": client,
         "client_cpu_percent_of_one_core": 100 * (self1 - self0) / res["elapsed_s"],
+        # the machine's cores during the load: busy (all processes) and what other processes took
+        "machine_busy_percent": 100 * (machine1[0] - machine0[0]) / (machine1[1] - machine0[1]),
+        "machine_others_percent_of_one_core": 100 * others / res["elapsed_s"],
+        # of the cores' time the other processes left, what the server and its clients used: near
+        # 100% with 2 workers means nothing serialises them (the CPU is what bounds them)
+        "percent_of_the_cpu_left_used": 100 * ((tree1 - tree0) + (self1 - self0)) / (machine_s - others),
         "loadavg_before": list(load0),
         "loadavg_after": list(os.getloadavg()),
         "db_submissions_by_status": dict(stored),
@@ -725,13 +837,40 @@ def bench_load(data: Path, body: bytes, clients: int, duration: float, sequentia
     }
 
 
-def _scaling(loads: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """uploads/s of the second server over the first (e.g. 2 workers over 1)."""
-    if len(loads) < 2:
+def _print_loads(loads: dict[int, dict[str, Any]]) -> None:
+    for n, load in loads.items():
+        print(f"  --workers {n}: {load['uploads_ok']} accepted, {load['errors']} errors,"
+              f" {load['uploads_per_s']:.1f} uploads/s; latency p50 {load['latency_p50_s'] * 1000:.0f} ms,"
+              f" p99 {load['latency_p99_s'] * 1000:.0f} ms; server CPU"
+              f" {load['server_tree_cpu_percent_of_one_core']:.0f}% of one core in its {load['server_processes']}"
+              f" processes (the server process alone {load['server_cpu_percent_of_one_core']:.0f}%); client CPU"
+              f" {load['client_cpu_percent_of_one_core']:.0f}% ({load['client']}); the machine's cores"
+              f" {load['machine_busy_percent']:.0f}% busy (other processes"
+              f" {load['machine_others_percent_of_one_core']:.0f}% of one core; of what they left, the server"
+              f" and its clients used {load['percent_of_the_cpu_left_used']:.0f}%); load average"
+              f" {load['loadavg_before'][0]:.2f} -> {load['loadavg_after'][0]:.2f};"
+              f" stored {load['db_submissions_by_status']}")  # fmt: skip
+        sq = load["sequential"]
+        print(f"    one client, sequential: {sq['uploads_per_s']:.1f} uploads/s, p50"
+              f" {sq['latency_p50_s'] * 1000:.0f} ms ({sq['errors']} errors)")  # fmt: skip
+        for e in load["error_samples"]:
+            print(f"    error: {e}")
+
+
+def _scaling(rounds: list[dict[int, dict[str, Any]]]) -> dict[str, Any] | None:
+    """uploads/s of the second server over the first (e.g. 2 workers over 1), each round's (the two
+    measured one after the other) and their median."""
+    if not rounds or len(rounds[0]) < 2:
         return None
-    (n1, l1), (n2, l2) = sorted(loads.items())[:2]
-    ratio = l2["uploads_per_s"] / l1["uploads_per_s"] if l1["uploads_per_s"] else None
-    return {"workers": [n1, n2], "uploads_per_s": [l1["uploads_per_s"], l2["uploads_per_s"]], "ratio": ratio}
+    (n1, _), (n2, _) = sorted(rounds[0].items())[:2]
+    pairs = [(r[n1]["uploads_per_s"], r[n2]["uploads_per_s"]) for r in rounds]
+    ratios = [b / a for a, b in pairs if a]
+    return {
+        "workers": [n1, n2],
+        "uploads_per_s": [list(p) for p in pairs],
+        "ratios": ratios,
+        "ratio": statistics.median(ratios) if ratios else None,
+    }
 
 
 # -- main ----------------------------------------------------------------------------------------------
@@ -752,6 +891,11 @@ def main() -> None:
                         "(default: the system's; /dev/shm takes the disk's fsync out of the figures)")  # fmt: skip
     parser.add_argument("--load-workers", type=int, nargs="+", default=[1, 2],
                         help="the servers of the load test: `serve --workers N` for each N (default 1 2)")  # fmt: skip
+    parser.add_argument("--load-rounds", type=int, default=1,
+                        help="rounds of the load: each runs every --load-workers server in turn (their ratio's"
+                        " median is reported: the machine's other work changes less within a round)")  # fmt: skip
+    parser.add_argument("--load-client", choices=("lean", "httpx"), default="lean",
+                        help="the load's HTTP client: a lean keep-alive HTTP/1.1 one (default) or httpx")  # fmt: skip
     args = parser.parse_args()
     bundle_mib = args.bundle_mib or (4.0 if args.quick else 19.5)
     rounds = args.rounds or (2 if args.quick else 5)
@@ -840,27 +984,26 @@ def main() -> None:
               f" {small_ver['runs']}); largest steps: "
               + ", ".join(f"{k} {v * 1000:.1f}" for k, v in top[:4]))  # fmt: skip
 
-        loads = {n: bench_load(data, small, args.clients, duration, sequential, n) for n in args.load_workers}
         print(f"load: {args.clients} clients x {duration:.0f} s, {len(small):,} B bundle each upload, databases"
               f" in {tmp} (each 201 is on its disk: SQLite synchronous=FULL, group commit):")  # fmt: skip
-        for n, load in loads.items():
-            print(f"  --workers {n}: {load['uploads_ok']} accepted, {load['errors']} errors,"
-                  f" {load['uploads_per_s']:.1f} uploads/s; latency p50 {load['latency_p50_s'] * 1000:.0f} ms,"
-                  f" p99 {load['latency_p99_s'] * 1000:.0f} ms; server CPU"
-                  f" {load['server_tree_cpu_percent_of_one_core']:.0f}% of one core in its {load['server_processes']}"
-                  f" processes (the server process alone {load['server_cpu_percent_of_one_core']:.0f}%); client CPU"
-                  f" {load['client_cpu_percent_of_one_core']:.0f}%; load average {load['loadavg_before'][0]:.2f}"
-                  f" -> {load['loadavg_after'][0]:.2f}; stored {load['db_submissions_by_status']}")  # fmt: skip
-            sq = load["sequential"]
-            print(f"    one client, sequential: {sq['uploads_per_s']:.1f} uploads/s, p50"
-                  f" {sq['latency_p50_s'] * 1000:.0f} ms ({sq['errors']} errors)")  # fmt: skip
-            for e in load["error_samples"]:
-                print(f"    error: {e}")
-        if len(loads) >= 2:
-            (n1, l1), (n2, l2) = sorted(loads.items())[:2]
-            scaling = l2["uploads_per_s"] / l1["uploads_per_s"] if l1["uploads_per_s"] else float("nan")
-            print(f"  uploads/s with {n2} workers / with {n1}: {scaling:.2f}x")
-        errors = sum(load["errors"] for load in loads.values())
+        rounds_of_loads = []
+        for r in range(args.load_rounds):
+            if args.load_rounds > 1:
+                print(f" round {r + 1} of {args.load_rounds}:")
+            loads = {
+                n: bench_load(data, small, args.clients, duration, sequential, n, args.load_client)
+                for n in args.load_workers
+            }
+            _print_loads(loads)
+            rounds_of_loads.append(loads)
+        scaling = _scaling(rounds_of_loads)
+        if scaling is not None:
+            n1, n2 = scaling["workers"]
+            each = ", ".join(f"{x:.2f}x" for x in scaling["ratios"])
+            rounds = f"median {scaling['ratio']:.2f}x (each round, the servers in turn: {each})"
+            print(f"  uploads/s with {n2} workers / with {n1}: {each if len(scaling['ratios']) == 1 else rounds}")
+        loads = {n: load for round_ in rounds_of_loads for n, load in round_.items()}
+        errors = sum(load["errors"] for round_ in rounds_of_loads for load in round_.values())
         print(f"  {'no errors' if errors == 0 else 'ERRORS: the load goal is not met'}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -885,8 +1028,9 @@ def main() -> None:
         "load_bundle": small_info,
         "verification": {k: v for k, v in ver.items() if k != "profile_text"},
         "load_bundle_in_process": small_ver,
-        "load": {str(n): load for n, load in loads.items()},
-        "load_scaling": _scaling(loads),
+        "load": {str(n): load for n, load in loads.items()},  # (the last round's)
+        "load_rounds": [{str(n): load for n, load in round_.items()} for round_ in rounds_of_loads],
+        "load_scaling": scaling,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
@@ -10,7 +11,15 @@ from quart import Blueprint, request
 
 from ale_verify import db, tokens
 from ale_verify._web import ApiError, authenticated, refuse_fields, run_db, state
-from ale_verify.bodies import NoBody, check_media_type, json_body, refuse_declared_over, spool_capped
+from ale_verify.bodies import (
+    NoBody,
+    check_media_type,
+    json_body,
+    new_spool,
+    refuse_declared_over,
+    spool_capped,
+    spool_in_thread,
+)
 from ale_verify.pipeline import Outcome, process_upload
 from ale_verify.workers import Ticket
 
@@ -56,9 +65,10 @@ async def upload(user: str) -> Any:
     refuse_declared_over(settings.max_upload_bytes)
     ticket = s.admission.admit()  # 503 verifier_busy (Retry-After) before anything is read or counted
     try:
-        if not await run_db(db.take_rate, settings.database, user, "upload", settings.uploads_per_hour):
+        spool = await spool_in_thread(functools.partial(_take_upload, settings, user))
+        if spool is None:
             raise ApiError(429, "rate_limited", f"at most {settings.uploads_per_hour} uploads an hour")
-        path = await spool_capped(settings.max_upload_bytes, settings.tmp_dir)  # 1. (413 past the cap)
+        path = await spool_capped(settings.max_upload_bytes, settings.tmp_dir, spool)  # 1. (413 past the cap)
         if path is None:
             raise ApiError(400, "empty_upload", "the body must be the bundle's bytes")
     except BaseException:
@@ -69,6 +79,13 @@ async def upload(user: str) -> Any:
     else:  # steps 2-13 on a worker; it stores the verdict and deletes the file whatever becomes of this request
         outcome = await asyncio.wrap_future(s.pool.submit(path, user_id=user, now=time.time(), ticket=ticket))
     return _verdict(outcome, settings.public_url)
+
+
+def _take_upload(settings: Any, user: str) -> tuple[int, str] | None:
+    """The upload's take of the user's rate limit, then (allowed) its file: one thread's errand."""
+    if not db.take_rate(settings.database, user, "upload", settings.uploads_per_hour):
+        return None
+    return new_spool(settings.tmp_dir)
 
 
 def _in_process(s: Any, path: Any, user: str, ticket: Ticket) -> Outcome:

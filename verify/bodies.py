@@ -15,8 +15,10 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -141,14 +143,43 @@ async def read_capped(limit: int) -> bytes:
     return bytes(received)
 
 
-async def spool_capped(limit: int, directory: Path) -> Path | None:
-    """The whole body written to a new private file in ``directory`` (its path; None for an empty
-    body), or 413 as soon as it is known to exceed ``limit`` bytes. At most about
-    :data:`SPOOL_BLOCK` bytes of it are held in memory; the file is deleted if anything fails."""
-    refuse_declared_over(limit)
-    fd, name = await asyncio.to_thread(tempfile.mkstemp, prefix="upload-", suffix=".ale", dir=directory)
+def new_spool(directory: Path) -> tuple[int, str]:
+    """A new private file in ``directory`` for a body (blocking: its descriptor and name)."""
+    return tempfile.mkstemp(prefix="upload-", suffix=".ale", dir=directory)
+
+
+async def spool_in_thread(make: Callable[[], tuple[int, str] | None]) -> tuple[int, str] | None:
+    """``make()`` in a thread (blocking: a :func:`new_spool`, after whatever comes first, or None).
+    If the request is cancelled meanwhile (its client went away), the file made all the same is
+    closed and removed."""
+    task = asyncio.ensure_future(asyncio.to_thread(make))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.add_done_callback(_drop_spool)
+        raise
+
+
+def _drop_spool(task: asyncio.Future[tuple[int, str] | None]) -> None:
+    if task.cancelled() or task.exception() is not None or (spool := task.result()) is None:
+        return
+    os.close(spool[0])
+    _remove(spool[1])
+
+
+async def spool_capped(limit: int, directory: Path, spool: tuple[int, str] | None = None) -> Path | None:
+    """The whole body written to a new private file in ``directory`` (or ``spool``, one
+    :func:`new_spool` made: its path; None for an empty body), or 413 as soon as it is known to
+    exceed ``limit`` bytes. At most about :data:`SPOOL_BLOCK` bytes of it are held in memory; the
+    file is deleted if anything fails."""
+    if spool is None:
+        refuse_declared_over(limit)
+        spool = await spool_in_thread(functools.partial(new_spool, directory))
+        assert spool is not None
+    fd, name = spool
     path, size, pending = Path(name), 0, bytearray()
     try:
+        refuse_declared_over(limit)
         async for chunk in request.body:
             size += len(chunk)
             if size > limit:

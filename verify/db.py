@@ -1,8 +1,9 @@
 """All database access of the verifier: one set of queries on SQLite (WAL) or PostgreSQL.
 
 ``DATABASE_URL`` chooses the engine (:func:`location`): ``sqlite:///PATH`` (or a plain path)
-for SQLite, a connection per call, in WAL mode; ``postgresql://...`` for PostgreSQL through
-psycopg 3, one connection pool per process and database. The queries are written once, in the
+for SQLite, in WAL mode, a connection kept by each thread (:meth:`SqliteEngine.kept`);
+``postgresql://...`` for PostgreSQL through psycopg 3, one connection pool per process and
+database. The queries are written once, in the
 SQL both engines share, with ``?`` parameters (the PostgreSQL engine writes them as ``%s``).
 Each numbered migration is written once per engine with the same intent; the tests hold the
 two schemas to each other (tests/test_verifier_postgres.py).
@@ -463,6 +464,8 @@ def _wal(conn: Any) -> None:
 @attrs.define
 class SqliteEngine:
     location: SqliteUrl
+    #: Each thread's connection for :func:`connect`, kept between calls (see :meth:`kept`).
+    _kept: threading.local = attrs.field(factory=threading.local, eq=False, repr=False)
     #: The writer (:func:`write`) keeps its connection between commits (see _Writer._connection).
     keeps_writer_connection = True
 
@@ -475,6 +478,13 @@ class SqliteEngine:
 
     @contextmanager
     def session(self, *, create: bool = False) -> Iterator[Any]:
+        conn = self._open(create=create)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def _open(self, *, create: bool = False) -> sqlite3.Connection:
         path = self.location.path
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -486,9 +496,36 @@ class SqliteEngine:
             conn.execute("PRAGMA foreign_keys = ON")
             # every commit is on disk when it returns (WAL's NORMAL would lose the last ones on power loss)
             conn.execute("PRAGMA synchronous = FULL")
-            yield conn
-        finally:
+        except BaseException:
             conn.close()
+            raise
+        return conn
+
+    @contextmanager
+    def kept(self) -> Iterator[Any]:
+        """This thread's connection, kept between calls while the path's file is the one it has
+        open (a new connection opens the file and reads the schema again: nearly all of what a
+        small query costs). One that anything failed on is closed: the next call opens another."""
+        held = getattr(self._kept, "held", None)
+        identity = self.identity()
+        if held is not None and (held[1] != identity or held[2] != os.getpid()):
+            self._drop_kept()
+            held = None
+        if held is None:
+            held = self._kept.held = (self._open(), identity, os.getpid())
+        try:
+            yield held[0]
+        except BaseException:
+            self._drop_kept()
+            raise
+        if held[0].in_transaction:  # (autocommit: a caller's own BEGIN left open is not kept)
+            self._drop_kept()
+
+    def _drop_kept(self) -> None:
+        held, self._kept.held = getattr(self._kept, "held", None), None
+        if held is not None:
+            with contextlib.suppress(Exception):
+                held[0].close()
 
     def begin(self, conn: Any, lock: Sequence[str]) -> None:
         conn.execute("BEGIN IMMEDIATE")  # the database's write lock: it holds every table
@@ -514,7 +551,7 @@ class SqliteEngine:
         return None
 
     def close(self) -> None:
-        pass
+        self._drop_kept()  # (this thread's; the others' go with the engine)
 
 
 def _statements(script: str) -> Iterator[str]:
@@ -582,6 +619,10 @@ class PostgresEngine:
     def identity(self) -> None:
         """(The server is the same whatever becomes of a connection: the pool checks them.)"""
         return None
+
+    def kept(self) -> Any:
+        """A pool connection (the pool keeps them)."""
+        return self.session()
 
     def begin(self, conn: Any, lock: Sequence[str]) -> None:
         conn.execute("BEGIN")
@@ -665,9 +706,11 @@ def _translated(found: SqliteEngine | PostgresEngine) -> Iterator[None]:
 
 @contextmanager
 def connect(where: Where, *, create: bool = False) -> Iterator[Session]:
-    """A session in autocommit mode: each statement is its own transaction."""
+    """A session in autocommit mode: each statement is its own transaction (on the thread's kept
+    connection, :meth:`SqliteEngine.kept`, unless it ``create`` the database)."""
     found = engine(where)
-    with _translated(found), found.session(create=create) as conn:
+    opened = found.session(create=True) if create else found.kept()
+    with _translated(found), opened as conn:
         yield Session(conn, found)
 
 

@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 
 #: What the server tells an upload's worker about its chunks (chain_workers.News).
 CHAIN_NEWS = ("taken", "report", "back")
+#: The tasks the server sends a worker (an upload may come while it checks another: it is held).
+TASKS = ("upload", "check", "stop")
+#: What a worker says about the upload it checks (the job's id second).
+JOB_MESSAGES = frozenset({"ask", "done", "bug", "aborted", "memory", "chunk", "mine", "drop"})
 #: What a worker may ask of the server (pipeline.Site's methods).
 SITE_METHODS = frozenset({"challenge", "consume", "runner_key"})
 #: Seconds a refused client is told to wait (Retry-After).
@@ -107,6 +111,7 @@ class _Link:
         self.job: int | None = None  # the upload being checked here
         self.chain: collections.deque[tuple[Any, ...]] = collections.deque()  # its chunks' messages
         self.dropped = False
+        self.held: collections.deque[tuple[Any, ...]] = collections.deque()  # tasks sent ahead, in order
 
     def send(self, message: tuple[Any, ...]) -> None:
         with self._sending:
@@ -114,16 +119,33 @@ class _Link:
 
     def _keep(self, message: tuple[Any, ...]) -> None:
         """A message about the current upload's chunks (another one's are stale: dropped)."""
+        if self.hold(message):
+            return
         if message[0] in CHAIN_NEWS and message[1] == self.job and not self.dropped:
             self.chain.append(message)
 
+    def hold(self, message: tuple[Any, ...]) -> bool:
+        """A task (the next upload, sent while this one is checked) is held until this one ends; a
+        ``recall`` takes back a held upload (another worker is idle, its client went away, the server
+        stops): ``recalled`` tells the server it was not started. False: not about the tasks."""
+        if message[0] in TASKS:
+            self.held.append(message)
+            return True
+        if message[0] != "recall":
+            return False
+        taken = next((m for m in self.held if m[0] == "upload" and m[1] == message[1]), None)
+        if taken is not None:  # (else it was started, or never came: the server learns it from its messages)
+            self.held.remove(taken)
+            self.send(("recalled", message[1]))
+        return True
+
     def task(self) -> tuple[Any, ...]:
-        """The next task: ``upload``, ``check`` or ``stop``."""
-        while True:
-            message: tuple[Any, ...] = self.conn.recv()
-            if message[0] in ("upload", "check", "stop"):
-                return message
-            # anything else is about an upload that has ended here: dropped
+        """The next task: ``upload``, ``check`` or ``stop`` (a recall that came first is honoured)."""
+        while self.conn.poll(0):
+            self.hold(self.conn.recv())  # anything else is about an upload that has ended here: dropped
+        while not self.held:
+            self.hold(self.conn.recv())
+        return self.held.popleft()
 
     def ask(self, method: str, *args: Any) -> Any:
         """The server's answer to a question of the pipeline (pipeline.Site)."""
@@ -347,6 +369,7 @@ class _Job:
     dropped: bool = False  # its owner checks the stream in one pass: chunks not needed
     error: BaseException | None = None  # what the site's answer raised
     challenge: str | None = None  # the challenge it claimed at step 8: its use is stored with the verdict
+    recalling: bool = False  # sent ahead to a worker, asked back (recall) before it started
 
 
 @attrs.define(eq=False)
@@ -358,6 +381,7 @@ class _Worker:
     state: str = "starting"  # starting | idle | upload | check | leaving | dead
     pid: int | None = None
     job: _Job | None = None  # the upload it checks
+    ahead: _Job | None = None  # the upload sent ahead, which it starts when ``job`` ends (not started yet)
     task: tuple[_Job, Span] | None = None  # the chunk it checks for another upload
     heard: float = 0.0  # (monotonic) its last message, or the last one it was sent
     asking: bool = False  # it waits for the server's answer
@@ -437,6 +461,7 @@ class UploadPool:
         file is deleted, nothing stored); once a worker has it, the upload runs to its stored
         verdict whatever the caller does."""
         job = _Job(next(self._ids), path, user_id, pipeline.new_submission_id(), now, ticket)
+        job.future.add_done_callback(lambda future: self._cancelled(job) if future.cancelled() else None)
         with self._lock:
             closed = self._closed
             if not closed:
@@ -461,14 +486,13 @@ class UploadPool:
             self._closed = True
             queued = list(self._queue)
             self._queue.clear()
+            for w in self._workers:  # the uploads sent ahead and not started wait no more: refused
+                self._recall(w)
         for job in queued:
-            if job.future.set_running_or_notify_cancel():
-                self._settle(job, Busy("the verifier is shutting down"))
-            else:
-                self._discard(job)
+            self._refuse(job)
         deadline = time.monotonic() + timeout
         with self._lock:
-            while self._jobs and (left := deadline - time.monotonic()) > 0:
+            while (self._jobs or any(w.ahead for w in self._workers)) and (left := deadline - time.monotonic()) > 0:
                 self._settled.wait(left)
             workers = list(self._workers)
             for w in workers:
@@ -549,13 +573,16 @@ class UploadPool:
         code = w.process.exitcode
         w.conn.close()
         with self._lock:
-            state, job, task, stalled = w.state, w.job, w.task, w.stalled
-            w.state, w.job, w.task = "dead", None, None
+            state, job, task, stalled, ahead = w.state, w.job, w.task, w.stalled, w.ahead
+            w.state, w.job, w.task, w.ahead = "dead", None, None, None
             w.outbox.put(None)
             if job is not None:
                 self._jobs.pop(job.id, None)
             if task is not None and task[0].id in self._jobs:
                 self._give_back(task[0], task[1])
+            if ahead is not None:  # never started there: another worker checks it
+                self._requeue(ahead)
+                self._dispatch()
             replace = not self._closed
             if state == "starting":
                 self._failures[w.slot] += 1
@@ -598,6 +625,8 @@ class UploadPool:
         kind = message[0]
         with self._lock:
             w.heard = time.monotonic()
+            if kind in JOB_MESSAGES and w.job is None and w.ahead is not None and message[1] == w.ahead.id:
+                self._start_ahead(w)  # it started the upload sent ahead before the recall reached it
             if kind == "ready":
                 w.pid, w.state = message[1], "idle" if w.state == "starting" else w.state
                 self._failures[w.slot] = 0
@@ -609,6 +638,8 @@ class UploadPool:
                 self._chunks(w, kind, message[1], message[2] if len(message) > 2 else None)
             elif kind == "checked":
                 self._checked(w, *message[1:])
+            elif kind == "recalled":
+                self._recalled(w, message[1])
             else:
                 raise ValueError(f"an upload worker sent an unknown message {kind!r}")
             self._dispatch()
@@ -627,7 +658,25 @@ class UploadPool:
             job.pending.clear()
 
     def _dispatch(self) -> None:
-        """Give every idle worker a chunk of an upload being checked, or else the next upload."""
+        """Give every idle worker a chunk of an upload being checked, or else the next upload; then
+        (no worker idle) send every worker that checks an upload the next one ahead, or (workers
+        idle, none waiting) take back the uploads sent ahead for them."""
+        self._hand_out()
+        idle = sum(w.state == "idle" for w in self._workers)
+        if idle:
+            for w in self._workers:
+                if idle and self._recall(w):
+                    idle -= 1
+        elif not any(job.pending for job in self._jobs.values()):  # (idle workers are to take those)
+            for w in self._workers:
+                if w.state == "upload" and w.job is not None and w.ahead is None:
+                    job = self._next_upload(start=False)
+                    if job is None:
+                        break
+                    w.ahead, job.owner = job, w
+                    w.outbox.put(("upload", job.id, str(job.path), job.user_id, job.submission_id, job.now))
+
+    def _hand_out(self) -> None:
         for w in self._workers:
             if w.state != "idle":
                 continue
@@ -648,13 +697,63 @@ class UploadPool:
             self._jobs[job.id] = job
             w.outbox.put(("upload", job.id, str(job.path), job.user_id, job.submission_id, job.now))
 
-    def _next_upload(self) -> _Job | None:
+    def _next_upload(self, *, start: bool = True) -> _Job | None:
+        """The first upload waiting (``start``: its future running, no longer cancellable)."""
         while self._queue:
             job = self._queue.popleft()
-            if job.future.set_running_or_notify_cancel():
+            if job.future.set_running_or_notify_cancel() if start else not job.future.cancelled():
                 return job
             self._later(self._discard, job)  # its client went away while it waited
         return None
+
+    # -- uploads sent ahead (a worker starts the next one the moment it ends one)
+
+    def _start_ahead(self, w: _Worker) -> None:
+        """The worker ended its upload and started the one sent ahead: it is being checked."""
+        job, w.ahead = w.ahead, None
+        assert job is not None
+        job.recalling = False
+        w.state, w.job, w.heard = "upload", job, time.monotonic()
+        self._jobs[job.id] = job
+        job.future.set_running_or_notify_cancel()  # (cancelled since: it runs to its stored verdict all the same)
+
+    def _recall(self, w: _Worker) -> bool:
+        """Ask the worker for the upload sent ahead to it back, unless it is asked already."""
+        job = w.ahead
+        if job is None or job.recalling or w.state in ("leaving", "dead"):
+            return False
+        job.recalling = True
+        w.outbox.put(("recall", job.id))
+        return True
+
+    def _cancelled(self, job: _Job) -> None:
+        """The caller cancelled the upload: if it was sent ahead to a worker, it is asked back."""
+        with self._lock:
+            if job.owner is not None and job.owner.ahead is job:
+                self._recall(job.owner)
+
+    def _recalled(self, w: _Worker, job_id: int) -> None:
+        job = w.ahead
+        if job is None or job.id != job_id or not job.recalling:
+            raise ValueError("an upload worker gave back an upload it was not sent ahead")
+        w.ahead = None
+        if w.job is None and w.state == "upload":
+            w.state = "idle"
+        self._requeue(job)
+
+    def _requeue(self, job: _Job) -> None:
+        """An upload sent ahead and not started waits again, first in line (refused once closing)."""
+        job.owner, job.recalling = None, False
+        if self._closed:
+            self._later(self._refuse, job)
+        else:
+            self._queue.appendleft(job)
+
+    def _refuse(self, job: _Job) -> None:
+        if job.future.set_running_or_notify_cancel():
+            self._settle(job, Busy("the verifier is shutting down"))
+        else:
+            self._discard(job)
 
     def _ask(self, w: _Worker, job_id: int, method: str, args: tuple[Any, ...]) -> None:
         job = self._jobs.get(job_id)
@@ -684,7 +783,14 @@ class UploadPool:
         job = self._jobs.pop(message[1], None)
         if job is None or w.job is not job:
             raise ValueError("an upload worker ended an upload it was not checking")
-        w.job, w.state = None, "leaving" if kind == "memory" else "idle"
+        w.job = None
+        if kind == "memory":
+            w.state = "leaving"  # (it exits: the upload sent ahead goes to another worker)
+        elif w.ahead is not None and not w.ahead.recalling:
+            self._start_ahead(w)
+        elif w.ahead is None:
+            w.state = "idle"
+        # else it says next whether it started the upload asked back or gives it back
         if kind == "done":
             self._later(self._settle, job, message[2])
         elif kind == "memory":
@@ -742,7 +848,9 @@ class UploadPool:
             error = exc
         finally:
             self._discard(job)
-        if error is not None:
+        if job.future.cancelled():
+            pass  # its caller went away after a worker had started it: the verdict is stored all the same
+        elif error is not None:
             job.future.set_exception(error)
         else:
             assert isinstance(result, pipeline.Outcome)
