@@ -791,7 +791,7 @@ def _bulk_events(chunk: bytes) -> tuple[list[bytes], list[Any]] | None:
 def _bulk_columns(events: list[dict[str, Any]]) -> list[list[Any]]:
     """The events' members, a list per member in _MEMBER_NAMES's order; KeyError if one lacks a member
     (with len(FIELDS) members each, as _bulk_events checked, every event's keys are then FIELDS)."""
-    return [list(map(operator.itemgetter(member), events)) for member in _MEMBER_NAMES]
+    return list(map(list, zip(*map(_MEMBERS, events), strict=True)))
 
 
 def _bulk_times(monotonic: Sequence[Any]) -> bool:
@@ -899,6 +899,12 @@ def _bulk_window(base: int, bits: list[int], window: int) -> tuple[list[int], li
     the exact loop finds them."""
     structural: list[int] = []
     tokens: list[Token] = []
+    if 0 not in bits:  # no structural line: each rule's first event in the batch, in order, unless windowed
+        for bit in dict.fromkeys(bits):
+            if not window & bit:
+                window |= bit
+                tokens.append((base + bits.index(bit), bit.bit_length() - 1, None))
+        return structural, tokens, window
     for index, bit in enumerate(bits):
         if not bit:
             structural.append(index)
