@@ -268,6 +268,23 @@ def test_zstd_reserved_block_type_is_bad_zstd() -> None:
     _refused(frame, Reason.BAD_ZSTD, _zstd)
 
 
+def test_zstd_frame_declaring_a_small_size_but_a_window_past_the_decoders_limit_is_bad_zstd() -> None:
+    """A frame that declares its content size (within every limit) and a 1 GiB window: zstd's
+    one-shot decoder would take it, the bounded streaming decoder refuses the window; the verdict
+    is the streaming decoder's (docs/decisions.md, "Bounded decompression stays in zstd's
+    streaming mode")."""
+    content = hashlib.sha256(b"window").digest() * 62_500  # 2 MB: more than one read of the decoder
+    params = zstandard.ZstdCompressionParameters.from_level(3, window_log=10, write_content_size=False)
+    plain = zstandard.ZstdCompressor(compression_params=params).compress(content)
+    assert plain[4] == 0  # no content size, not single-segment, then the window descriptor
+    # the header again, declaring a 4-byte content size and a window of 2**(10 + 20) bytes
+    forged = plain[:4] + bytes([0x80, 20 << 3]) + len(content).to_bytes(4, "little") + plain[6:]
+    assert zstandard.get_frame_parameters(forged).window_size == 1 << 30
+    assert zstandard.ZstdDecompressor().decompress(forged) == content  # what the one-shot decoder makes of it
+    err = _refused(forged, Reason.BAD_ZSTD, _zstd)
+    assert "too much memory" in str(err)
+
+
 def test_not_zstd_at_all_is_bad_zstd() -> None:
     _refused(TAR, Reason.BAD_ZSTD, _zstd)
     _refused(b"", Reason.BAD_ZSTD, _zstd)

@@ -372,6 +372,43 @@ def test_bulk_names_wrong_seq_sequence_and_monotonic_across_a_batch_border() -> 
         _same_fault(_encode(_rehash(events, recount=False)), reason, len(events))
 
 
+@pytest.mark.parametrize(
+    "wall",
+    [
+        "2026-11-30T04:28:38.12345\u0664Z",  # an Arabic-Indic digit: not [0-9]
+        "2026-11-30T04:28:38.12345\uff16Z",  # a fullwidth digit
+        "2026-11-30 04:28:38.123456Z",
+        "2026-11-30T04:28:38,123456Z",
+        "2026-11-30T04:28:38.123456z",
+        "0000-00-00T00:00:00.000000Z0",
+    ],
+)
+def test_bulk_names_a_wall_time_of_the_right_length_but_not_the_form_as_the_exact_loop_does(wall: str) -> None:
+    """The bulk path reads every wall time of a batch at once (digits written as 0, compared with
+    the form): only ASCII digits count, as in the exact loop's [0-9]."""
+    events = _events(b"".join(line + b"\n" for line in _run_lines({"a": 1}, {"a": 2}, {"a": 3})))
+    events[-2]["wall_time"] = wall
+    _same_fault(_encode(_rehash(events, recount=False)), "bad_time", len(events) - 1)
+
+
+@pytest.mark.parametrize("smallest", [1e-6, 5e-6, 1.5e-7, 9.99e-6])
+def test_bulk_leaves_banded_monotonic_times_to_the_exact_loop_which_accepts_them(smallest: float) -> None:
+    """Monotonic times all floats (the bulk path first looks at their smallest magnitude): one in
+    the band where orjson's form may differ from RFC 8785's is the exact loop's to judge."""
+    events = _events(b"".join(line + b"\n" for line in _run_lines({"a": 1}, {"a": 2})))
+    for i, event in enumerate(events):
+        event["monotonic"] = smallest if i == 0 else 0.5 + i
+    chunk = _encode(_rehash(events, recount=False))
+    bulk, exact = check_chunk(chunk), check_chunk(chunk, bulk=False)
+    assert _fields(bulk) == _fields(exact)
+    assert exact.fault is None
+    assert not _vouches(chunk)
+    events[0]["monotonic"] = 1e-5  # at the band's top: outside it, vouched for
+    chunk = _encode(_rehash(events, recount=False))
+    assert _vouches(chunk)
+    assert _fields(check_chunk(chunk)) == _fields(check_chunk(chunk, bulk=False))
+
+
 def test_bulk_leaves_a_kind_not_yet_seen_to_the_exact_loop_which_then_knows_it() -> None:
     kind = "bulk_kind_never_seen_before"
     assert kind not in trajectory._VALID_KINDS

@@ -198,6 +198,20 @@ def test_a_chunk_job_frees_its_memory_file() -> None:
         job.feed(b"{}\n")
 
 
+def test_a_chunk_jobs_kept_memory_outlives_cancel_until_its_descriptor_is_closed() -> None:
+    """The upload's worker keeps the trajectory's memory past the job's end (freeing it takes
+    milliseconds), and frees it once the verdict is sent."""
+    job = SharedChainJob(FakeHelpers(random.Random(0)), chunk_bytes=4096)
+    job.feed(_stream(50))
+    kept = job.keep_memory()
+    job.cancel()
+    assert len(_memfds(os.getpid())) == 1  # the kept descriptor only
+    with pytest.raises(RuntimeError, match="cancelled"):
+        job.keep_memory()
+    os.close(kept)
+    assert _memfds(os.getpid()) == []
+
+
 def test_a_helper_reads_only_its_own_jobs_memory_file(tmp_path: Path) -> None:
     """A descriptor number reused after a job ended must not be read as that job's trajectory."""
     other = tmp_path / "not-a-trajectory"

@@ -277,8 +277,17 @@ class SharedChainJob:
                 done: tuple[int, ChunkReport] = what
                 self._done.setdefault(*done)
 
+    def keep_memory(self) -> int:
+        """A second descriptor of the job's memory file: its memory then outlives :meth:`cancel`
+        until the caller closes this one. The upload's worker closes it once the verdict is sent,
+        since freeing a trajectory's tens of MB takes milliseconds (the worker's ``_upload``)."""
+        if self._fd is None:
+            raise RuntimeError("the job was cancelled")
+        return os.dup(self._fd)
+
     def cancel(self) -> None:
-        """End the job: its decompression stopped, the in-memory file freed (idempotent)."""
+        """End the job: its decompression stopped, the in-memory file closed, and freed unless
+        :meth:`keep_memory` holds it (idempotent)."""
         self._stop = True
         if self._thread is not None:
             self._thread.join()

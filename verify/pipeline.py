@@ -383,9 +383,9 @@ def verify_upload(
             files = step_inspect_tar(tar, settings)  # 5.
             del tar
             step_allowlist(files)  # 6.
-            digests_of = _alongside(lambda: file_digests(files))  # for 10, alongside 7-9
-            if chain is not None:
+            if chain is not None:  # first: what the chain's checks wait for
                 chain.start(files["events.jsonl.zst"])  # 7.'s decompression, alongside its documents
+            digests_of = _alongside(lambda: file_digests(files))  # for 10, alongside 7-9
             docs = step_schemas(files, chain.decompressed if chain is not None else None)  # 7.
             challenge = step_challenge(
                 docs, site, signing_key, user_id=user_id, submission_id=submission_id, now=now

@@ -284,7 +284,11 @@ def _upload(
     _, job, path, user_id, submission_id, now = message
     link.job, link.dropped = job, False
     link.chain.clear()
+    chain: SharedChainJob | None = None
+    memory: int | None = None
     try:
+        chain = SharedChainJob(_PoolHelpers(link), limits.chunk_bytes, alone=limits.processes == 1)
+        memory = chain.keep_memory()  # the trajectory's memory is freed once the verdict is sent
         outcome = pipeline.verify_upload(
             Path(path),
             settings,
@@ -293,7 +297,7 @@ def _upload(
             submission_id=submission_id,
             now=now,
             site=_RemoteSite(link),
-            chain=SharedChainJob(_PoolHelpers(link), limits.chunk_bytes, alone=limits.processes == 1),
+            chain=chain,
         )
     except _Aborted:
         link.send(("aborted", job))
@@ -307,6 +311,10 @@ def _upload(
     finally:
         link.job = None
         link.chain.clear()
+        if chain is not None:
+            chain.cancel()  # (verify_upload did, unless it was not reached)
+        if memory is not None:
+            os.close(memory)
 
 
 # -- the server's side ----------------------------------------------------------------------------

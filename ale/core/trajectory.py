@@ -758,12 +758,18 @@ _HASH_KEY = b'"hash":"'
 #: the bulk path's batch: about this many bytes of lines (a few dozen), small enough to stay in the cache
 _BULK_BYTES = 128 * 1024
 _WALL_TIME_LENGTH = len("2026-11-30T04:28:38.123456Z")
-_WALL_TIMES = re.compile(f"(?:{_WALL_TIME.pattern[1:-1]})*")  # any number of wall times, end to end
+#: a wall time with each (ASCII) digit written as 0: _WALL_TIME's form, so that a string of
+#: _WALL_TIME_LENGTH characters matches _WALL_TIME exactly when _DIGITS_TO_ZERO makes it this
+_WALL_TIME_FORM = "0000-00-00T00:00:00.000000Z"
+_DIGITS_TO_ZERO = str.maketrans("0123456789", "0" * 10)
 _SHA256_DIGEST = type(hashlib.sha256()).digest
+_FIRST, _MIDDLE, _LAST = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)
+_PAST_HASH = slice(64 + 2, None)  # the hash's digits and '",'
 #: grammar.BITS as plain dicts (looked up by map over the columns)
 _BITS: dict[str, dict[str, int]] = {producer: dict(kinds) for producer, kinds in grammar.BITS.items()}
 _INT_OR_STR = frozenset({int, str})
 _TIME_TYPES = frozenset({int, float})
+_FLOAT_TYPE = frozenset({float})
 
 
 def _bulk_events(chunk: bytes) -> tuple[list[bytes], list[Any]] | None:
@@ -785,7 +791,7 @@ def _bulk_events(chunk: bytes) -> tuple[list[bytes], list[Any]] | None:
 def _bulk_columns(events: list[dict[str, Any]]) -> list[list[Any]]:
     """The events' members, a list per member in _MEMBER_NAMES's order; KeyError if one lacks a member
     (with len(FIELDS) members each, as _bulk_events checked, every event's keys are then FIELDS)."""
-    return [list(map(operator.itemgetter(member), events)) for member in _MEMBER_NAMES]
+    return list(map(list, zip(*map(_MEMBERS, events), strict=True)))
 
 
 def _bulk_times(monotonic: Sequence[Any]) -> bool:
@@ -796,11 +802,13 @@ def _bulk_times(monotonic: Sequence[Any]) -> bool:
         return False
     if float not in types:
         return True
-    floats = [value for value in monotonic if type(value) is float]
+    floats = monotonic if types == _FLOAT_TYPE else [value for value in monotonic if type(value) is float]
     if any(map(float.is_integer, floats)):
         return False
-    magnitudes = sorted(map(abs, floats))
     low, high = ORJSON_EXPONENT_BAND
+    if min(map(abs, floats)) >= high:  # (the common case: no magnitude reaches down to the band)
+        return True
+    magnitudes = sorted(map(abs, floats))
     at = bisect.bisect_left(magnitudes, low)  # the smallest magnitude >= low must be >= high
     return at == len(magnitudes) or magnitudes[at] >= high
 
@@ -827,7 +835,7 @@ def _bulk_members(columns: list[list[Any]]) -> bool:
         and _VALID_KINDS.issuperset(kind)  # a kind not yet seen: the exact loop checks (and caches) it
         and set(map(type, wall)) == {str}
         and set(map(len, wall)) == {_WALL_TIME_LENGTH}
-        and _WALL_TIMES.fullmatch("".join(wall))  # pieces of one length: each is one time
+        and "".join(wall).translate(_DIGITS_TO_ZERO) == _WALL_TIME_FORM * len(wall)  # each one is a time
         and _bulk_times(monotonic)
         and set(map(type, data)) == {dict}
         and _bulk_data(data)
@@ -845,13 +853,12 @@ def _bulk_hashed(lines: list[bytes], digest: list[str]) -> bool:
     event's members, whose "hash" (64 hex digits once it equals a hex digest) RFC 8785's key order
     writes right after "data", and no member after it can hold '"hash":"': they are all strings
     and numbers (their types were checked), and an encoded string writes each quote as '\\"'."""
-    cuts = list(map(bytes.rfind, lines, itertools.repeat(_HASH_KEY)))
-    if min(cuts) < 0:
+    # (head, '"hash":"', rest) at the last '"hash":"'; the body is head and rest past its 64 + 2 bytes
+    parts = list(map(bytes.rpartition, lines, itertools.repeat(_HASH_KEY)))
+    if set(map(_MIDDLE, parts)) != {_HASH_KEY}:  # (b"" where a line has none)
         return False
-    heads = map(operator.getitem, lines, map(slice, itertools.repeat(None), cuts))
-    after = map(operator.add, cuts, itertools.repeat(74))
-    tails = map(operator.getitem, lines, map(slice, after, itertools.repeat(None)))
-    digests = b"".join(map(_SHA256_DIGEST, map(hashlib.sha256, map(operator.add, heads, tails))))
+    tails = map(operator.getitem, map(_LAST, parts), itertools.repeat(_PAST_HASH))
+    digests = b"".join(map(_SHA256_DIGEST, map(hashlib.sha256, map(operator.add, map(_FIRST, parts), tails))))
     # pieces of 64 characters each: the joins are equal if and only if each hash is its digest's hex
     return set(map(len, digest)) == {64} and digests.hex() == "".join(digest)
 
@@ -892,6 +899,12 @@ def _bulk_window(base: int, bits: list[int], window: int) -> tuple[list[int], li
     the exact loop finds them."""
     structural: list[int] = []
     tokens: list[Token] = []
+    if 0 not in bits:  # no structural line: each rule's first event in the batch, in order, unless windowed
+        for bit in dict.fromkeys(bits):
+            if not window & bit:
+                window |= bit
+                tokens.append((base + bits.index(bit), bit.bit_length() - 1, None))
+        return structural, tokens, window
     for index, bit in enumerate(bits):
         if not bit:
             structural.append(index)
