@@ -43,6 +43,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from importlib import resources
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
 
@@ -236,11 +237,11 @@ def _parse_time(text: Any) -> float | None:
 
 @attrs.define(repr=False)
 class Entry:
-    """One accepted submission, as every page and export sees it."""
+    """One accepted submission, as the boards, the task rankings and the exports see it (picklable:
+    a worker that built it sends it to the exporting process; :class:`Submission` keeps the rest)."""
 
     id: str
-    row: dict[str, Any]
-    summary: dict[str, Any]
+    digest: str  # SHA-256 of its database row as read (_row_digest): every member is derived from it
     level: str
     received_at: float
     agent: str
@@ -254,12 +255,15 @@ class Entry:
     finals: dict[str, float]  # task ref -> final score (completed, covered or not)
     intervals: dict[str, tuple[float, float] | None]  # category -> the score's stored 95% interval
     task_intervals: dict[str, tuple[float, float]]  # task ref -> its final's stored 95% interval
+    #: each task's record by its ref (the first, should one repeat): what a task's ranking shows of it
+    results: dict[str, dict[str, Any]]
+    #: the summary's members the CSV/JSON exports show (EXPORT_FACTS)
+    facts: dict[str, Any]
     ranks: dict[str, int] = attrs.Factory(dict)  # category -> rank (docs/intervals.md, "Ranks")
     task_ranks: dict[str, int] = attrs.Factory(dict)  # task ref -> rank on the task's page
     #: each completed reproduction task's judgement (ale_verify.judging.task_judgement)
     judgements: dict[str, dict[str, Any]] = attrs.Factory(dict)
     _fingerprint: str | None = attrs.field(default=None, init=False)
-    _results: dict[str, dict[str, Any]] | None = attrs.field(default=None, init=False)
     #: the board shows these on every row of the entry: sorted once
     _states: dict[str, tuple[str, ...]] = attrs.field(init=False)
 
@@ -267,11 +271,11 @@ class Entry:
         self._states = {state: self.in_state(state) for state in ("unjudged", "judging_pending")}
 
     def fingerprint(self) -> str:
-        """A digest of everything a page can show of this entry: its database row (every other
+        """A digest of everything a page can show of this entry: its database row's (every other
         member is derived from it and the installed tasks, which the code digest covers) and its
         ranks. Computed once, after the ranks are set."""
         if self._fingerprint is None:
-            raw = orjson.dumps([self.row, self.ranks, self.task_ranks], default=_json_fallback, option=_ORJSON)
+            raw = orjson.dumps([self.digest, self.ranks, self.task_ranks], option=_ORJSON)
             self._fingerprint = hashlib.sha256(raw).hexdigest()
         return self._fingerprint
 
@@ -293,15 +297,6 @@ class Entry:
         return self._states["judging_pending"]
 
     @property
-    def results(self) -> dict[str, dict[str, Any]]:
-        """Each task's record in the summary by its ref (the first, should one repeat)."""
-        if self._results is None:
-            self._results = {}
-            for t in self.summary["tasks"]:
-                self._results.setdefault(t["task"], t)
-        return self._results
-
-    @property
     def revoked(self) -> bool:
         return self.level == "revoked"
 
@@ -310,7 +305,26 @@ class Entry:
         return f"submissions/{self.id}.html"
 
 
-def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
+@attrs.define(repr=False)
+class Submission:
+    """An entry with its decoded database row and summary: what its own page shows."""
+
+    entry: Entry
+    row: dict[str, Any]
+    summary: dict[str, Any]  # the row's summary, every member of SUMMARY_KEYS and TASK_KEYS present
+
+
+#: a task record's members a task's ranking shows (Entry.results)
+RESULT_KEYS = ("final", "measured", "pass_rate")
+#: the summary's members the CSV/JSON exports show (Entry.facts; ``runner_kind``: its runner's kind)
+EXPORT_FACTS = (
+    "macro_mean", "coverage_complete", "missing", "started", "finished", "release", "official_episode_counts",
+    "run_id", "ciphertext_sha256", "merkle_root",
+)  # fmt: skip
+
+
+def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any]) -> Submission:
+    """A decoded database row (``digest``: its :func:`_row_digest`) as its entry and page see it."""
     if not _SAFE_ID.match(str(row["id"])):
         raise ExportError(f"submission id {row['id']!r} cannot name a file")
     s = {key: None for key in SUMMARY_KEYS} | row["summary"]
@@ -337,10 +351,13 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
     tokens = None
     if s.get("network_proxy") is not None:
         tokens = (int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
-    return Entry(
+    results: dict[str, dict[str, Any]] = {}
+    for t in s["tasks"]:
+        if type(t["task"]) is str and t["task"] not in results:  # a task's ranking names it by its ref
+            results[t["task"]] = {key: t[key] for key in RESULT_KEYS}
+    entry = Entry(
         id=row["id"],
-        row=row,
-        summary=s,
+        digest=digest,
         level=row["level"] or "self_reported",
         received_at=float(row["received_at"]),
         agent=str(agent.get("name") or "(unnamed agent)"),
@@ -364,7 +381,10 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
             for ref in completed
             if (bounds := ranking.stored_bounds(ranking.summary_interval(s, task=ref))) is not None
         },
+        results=results,
+        facts={key: s.get(key) for key in EXPORT_FACTS} | {"runner_kind": (s.get("runner") or {}).get("kind")},
     )
+    return Submission(entry, row, s)
 
 
 def rank(
@@ -880,8 +900,42 @@ class Site:
 
     # the whole site
 
-    def build(self, rows: list[dict[str, Any]]) -> ExportReport:
-        entries = [build_entry(r, self.specs) for r in rows if r["status"] == "accepted"]
+    def submissions(self, rows: Rows, start: int, stop: int) -> list[Submission]:
+        """The rows ``start`` to ``stop`` (of :func:`read_rows`) decoded and built."""
+        return [build_submission(*_decode(rows, i), specs=self.specs) for i in range(start, stop)]
+
+    def build(self, rows: Rows) -> ExportReport:
+        """Every file of the site. With many rows, ``jobs`` forked :class:`_Shards` build the
+        entries of a part of the rows each and render their submission pages, while this process
+        ranks the entries they send and renders the rest (:meth:`_run`)."""
+        # what the page chrome (base.html) shows; the board adds its counts (not every page's input)
+        self.chrome = {
+            "version": __version__,
+            "release": self.release.release,
+            "export_doc": "leaderboard-export" in self.docs,
+        }
+        shards = _Shards(self, rows) if self.jobs > 1 and len(rows.rows) >= PARALLEL_FROM else None
+        try:
+            own = [] if shards is not None else self.submissions(rows, 0, len(rows.rows))
+            entries = shards.entries() if shards is not None else [sub.entry for sub in own]
+            ranked = self._build(entries, own, shards)
+        finally:
+            if shards is not None:
+                shards.close()
+        self._manifest()
+        return ExportReport(
+            directory=self.out,
+            files=len(self.files),
+            pages=self.pages,
+            bytes=sum(size for _, size in self.files.values()),
+            submissions=len(entries),
+            ranked=ranked,
+            unchanged=self.unchanged,
+            rendered=self.rendered,
+        )
+
+    def _build(self, entries: list[Entry], own: list[Submission], shards: _Shards | None) -> int:
+        """Rank the entries and render every page; the rows ranked on the Overall tab."""
         entries.sort(key=lambda e: (e.received_at, e.id))
         boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
         for category, *_ in CATEGORIES:
@@ -898,12 +952,8 @@ class Site:
             for e in ranked:
                 e.task_ranks[ref] = ranks[e.id]
             task_boards[ref] = (ranked, revoked)
-        # what the page chrome (base.html) shows; the board adds its counts (not every page's input)
-        self.chrome = {
-            "version": __version__,
-            "release": self.release.release,
-            "export_doc": "leaderboard-export" in self.docs,
-        }
+        if shards is not None:
+            shards.render()  # the workers render their submission pages meanwhile
         self.board_site = self.chrome | {
             "submissions": len(entries),
             "latest": max((e.received_at for e in entries), default=None),
@@ -916,20 +966,29 @@ class Site:
                 category, label, first, stem, *boards[category], unscored=unscored if category == "overall" else []
             )
         work += self._tasks(task_boards)
-        work += self._docs()
-        work += [lambda e=e: self._submission(e) for e in entries]  # type: ignore[misc]
+        if shards is None:
+            work += self._docs()
+            work += [lambda sub=sub: self._submission(sub) for sub in own]  # type: ignore[misc]
         self._run(work)
-        self._manifest()
-        return ExportReport(
-            directory=self.out,
-            files=len(self.files),
-            pages=self.pages,
-            bytes=sum(size for _, size in self.files.values()),
-            submissions=len(entries),
-            ranked=len(boards["overall"][0]),
-            unchanged=self.unchanged,
-            rendered=self.rendered,
-        )
+        if shards is not None:
+            shards.collect()
+        return len(boards["overall"][0])
+
+    def _counts(self) -> tuple[dict[str, tuple[str, int]], dict[str, str], int, int, int]:
+        """What a worker sends back: the files it wrote, the pages' input digests, its counts."""
+        return self.files, self.inputs, self.pages, self.unchanged, self.rendered
+
+    def _reset(self) -> None:
+        """In a forked worker: count only what it writes."""
+        self.files, self.inputs, self.pages, self.unchanged, self.rendered = {}, {}, 0, 0, 0
+
+    def _add(self, counts: tuple[dict[str, tuple[str, int]], dict[str, str], int, int, int]) -> None:
+        files, inputs, pages, unchanged, rendered = counts
+        self.files.update(files)
+        self.inputs.update(inputs)
+        self.pages += pages
+        self.unchanged += unchanged
+        self.rendered += rendered
 
     def _run(self, work: list[Callable[[], None]]) -> None:
         """Run every item of ``work`` (each renders pages or writes files): in ``jobs`` forked
@@ -940,8 +999,7 @@ class Site:
             for item in work:
                 item()
             return
-        for folder in ("submissions", "tasks", "docs"):
-            self._folder(f"{folder}/x")
+        self._folders_made()
         global _WORK
         _WORK = (self, work)
         step = max(1, len(work) // (self.jobs * 8))
@@ -949,15 +1007,16 @@ class Site:
         gc.freeze()  # the forked workers share this process's objects without touching them
         try:
             with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-                for files, inputs, pages, unchanged, rendered in pool.map(_run_chunk, chunks):
-                    self.files.update(files)
-                    self.inputs.update(inputs)
-                    self.pages += pages
-                    self.unchanged += unchanged
-                    self.rendered += rendered
+                for counts in pool.map(_run_chunk, chunks):
+                    self._add(counts)
         finally:
             _WORK = None
             gc.unfreeze()
+
+    def _folders_made(self) -> None:
+        """Before a fork: the folders the workers write into (each would make them otherwise)."""
+        for folder in ("submissions", "tasks", "docs", "schemas"):
+            self._folder(f"{folder}/x")
 
     def _board(
         self, category: str, label: str, first: str, stem: str, ranked: list[Entry], revoked: list[Entry],
@@ -991,21 +1050,22 @@ class Site:
 
         return [lambda n=n, c=c: render(n, c) for n, c in enumerate(pages, start=1)]  # type: ignore[misc]
 
-    def _submission(self, e: Entry) -> None:
+    def _submission(self, sub: Submission) -> None:
+        e = sub.entry
         self.page(
             e.href,
             "submission.html",
-            derive=lambda: self._submission_context(e),
+            derive=lambda: self._submission_context(sub),
             title=f"{e.agent}: submission {e.id}",
             section="board",
             site=self.chrome,
             e=e,
         )
 
-    def _submission_context(self, e: Entry) -> dict[str, Any]:
-        """What a submission's page shows of its entry, prepared (from the entry and the tasks alone)."""
-        s = e.summary
-        history = sorted(e.row.get("history") or [], key=lambda h: h["seq"])
+    def _submission_context(self, sub: Submission) -> dict[str, Any]:
+        """What a submission's page shows of its row, prepared (from the row and the tasks alone)."""
+        e, s = sub.entry, sub.summary
+        history = sorted(sub.row.get("history") or [], key=lambda h: h["seq"])
         revocation = next((h for h in reversed(history) if h.get("to_level") == "revoked"), None)
         tasks = []
         for t in s.get("tasks") or []:
@@ -1021,7 +1081,7 @@ class Site:
             "tasks": tasks,
             "history": history,
             "revocation": revocation,
-            "notes": e.row.get("reasons") or [],
+            "notes": sub.row.get("reasons") or [],
             "declared": sorted(
                 ((s.get("agent") or {}).get("declared") or {}).items(),
                 key=lambda kv: (kv[0] not in ("model", "effort"), kv[0] != "model", kv[0]),
@@ -1121,7 +1181,7 @@ class Site:
 
         out = []
         for e in sorted(entries, key=order):
-            s = e.summary
+            s = e.facts
             covered, required = e.coverage["overall"]
             out.append(
                 {
@@ -1142,27 +1202,27 @@ class Site:
                             (f"upper_{category}", (e.intervals[category] or (None, None))[1]),
                         )
                     },
-                    "macro_mean": s.get("macro_mean"),
+                    "macro_mean": s["macro_mean"],
                     "pass_rate": e.pass_rates["overall"],
                     "pass_rate_reproduction": e.pass_rates["reproduction"],
                     "pass_rate_open": e.pass_rates["open"],
                     "covered": covered,
                     "required": required,
-                    "coverage_complete": bool(s.get("coverage_complete")),
-                    "missing": list(s.get("missing") or []),
+                    "coverage_complete": bool(s["coverage_complete"]),
+                    "missing": list(s["missing"] or []),
                     "runtime_s": None if e.runtime_s is None else round(e.runtime_s, 6),
                     "input_tokens": e.tokens[0] if e.tokens else None,
                     "output_tokens": e.tokens[1] if e.tokens else None,
                     "tokens_source": "network_proxy" if e.tokens else None,
                     "received_at": _iso(e.received_at),
-                    "started": s.get("started"),
-                    "finished": s.get("finished"),
-                    "release": s.get("release"),
-                    "official_episode_counts": bool(s.get("official_episode_counts")),
-                    "runner_kind": (s.get("runner") or {}).get("kind"),
-                    "run_id": s.get("run_id"),
-                    "ciphertext_sha256": s.get("ciphertext_sha256"),
-                    "merkle_root": s.get("merkle_root"),
+                    "started": s["started"],
+                    "finished": s["finished"],
+                    "release": s["release"],
+                    "official_episode_counts": bool(s["official_episode_counts"]),
+                    "runner_kind": s["runner_kind"],
+                    "run_id": s["run_id"],
+                    "ciphertext_sha256": s["ciphertext_sha256"],
+                    "merkle_root": s["merkle_root"],
                     **{state: list(e.in_state(state)) for state in JUDGEMENT_COLUMNS},
                     "judged_by": [
                         f"{ref}={_judged_by(j)}" for ref, j in sorted(e.judgements.items()) if j["judged_by"]
@@ -1210,10 +1270,110 @@ def _run_chunk(
     the counts (pages, unchanged files, pages rendered)."""
     assert _WORK is not None, "a worker forked from Site._run"
     site, work = _WORK
-    site.files, site.inputs, site.pages, site.unchanged, site.rendered = {}, {}, 0, 0, 0
+    site._reset()
     for item in work[bounds[0] : bounds[1]]:
         item()
-    return site.files, site.inputs, site.pages, site.unchanged, site.rendered
+    return site._counts()
+
+
+#: what a forked shard worker reads: (site, rows), set by _Shards around the fork
+_SHARD: tuple[Site, Rows] | None = None
+
+
+class _Shards:
+    """Forked worker processes, one per contiguous part of the rows (inherited, never pickled).
+    Each builds its part's submissions and sends their entries (:meth:`entries`); the last one
+    then renders the docs; once sent its entries' ranks (:meth:`render`) each renders its
+    submission pages and sends back what the manifest needs (:meth:`collect`). So the decoding of
+    the rows, the submissions' pages and the links of their unchanged files are split between the
+    workers, and only entries and ranks cross between processes."""
+
+    def __init__(self, site: Site, rows: Rows) -> None:
+        self.site = site
+        n = len(rows.rows)
+        jobs = max(1, min(site.jobs, n))
+        bounds = [(n * k // jobs, n * (k + 1) // jobs) for k in range(jobs)]
+        site._folders_made()
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.conns: list[Connection] = []
+        self.parts: list[list[Entry]] = []
+        context = multiprocessing.get_context("fork")
+        global _SHARD
+        _SHARD = (site, rows)
+        try:
+            for k, (start, stop) in enumerate(bounds):
+                ours, theirs = context.Pipe()
+                proc = context.Process(target=_shard_main, args=(theirs, start, stop, k == jobs - 1), daemon=True)
+                proc.start()
+                theirs.close()
+                self.procs.append(proc)
+                self.conns.append(ours)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            _SHARD = None
+
+    def entries(self) -> list[Entry]:
+        """Every worker's entries, in the rows' order."""
+        self.parts = [self._receive(k, "entries") for k in range(len(self.conns))]
+        return [e for part in self.parts for e in part]
+
+    def render(self) -> None:
+        """Send each worker its entries' ranks (set on the entries it sent)."""
+        for conn, part in zip(self.conns, self.parts, strict=True):
+            conn.send([(e.ranks, e.task_ranks) for e in part])
+
+    def collect(self) -> None:
+        """Add each worker's files, page digests and counts to the site's."""
+        for k in range(len(self.conns)):
+            self.site._add(self._receive(k, "pages"))
+        for proc in self.procs:
+            proc.join()
+
+    def _receive(self, k: int, what: str) -> Any:
+        try:
+            kind, value = self.conns[k].recv()
+        except EOFError:
+            self.procs[k].join()
+            raise ExportError(
+                f"export worker {k} ended (exit status {self.procs[k].exitcode}) before it sent its {what}"
+            ) from None
+        if kind == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+        for conn in self.conns:
+            conn.close()
+
+
+def _shard_main(conn: Connection, start: int, stop: int, docs: bool) -> None:
+    """A shard worker (:class:`_Shards`): errors are sent, not printed."""
+    assert _SHARD is not None, "a worker forked by _Shards"
+    site, rows = _SHARD
+    site._reset()
+    try:
+        part = site.submissions(rows, start, stop)
+        conn.send(("entries", [sub.entry for sub in part]))
+        if docs:
+            site._docs_pages()
+        for sub, (ranks, task_ranks) in zip(part, conn.recv(), strict=True):
+            sub.entry.ranks, sub.entry.task_ranks = ranks, task_ranks
+        for sub in part:
+            site._submission(sub)
+        conn.send(("pages", site._counts()))
+    except BaseException as exc:
+        try:
+            conn.send(("error", exc))
+        except Exception:  # an exception that does not pickle: its text
+            conn.send(("error", ExportError(f"{type(exc).__name__}: {exc}")))
+    finally:
+        conn.close()
 
 
 def _context_value(value: Any) -> Any:
@@ -1347,21 +1507,51 @@ def _previous(out: Path) -> tuple[Path, dict[str, tuple[str, int]]] | None:
     return out, listed
 
 
-def accepted_submissions(database: db.Where) -> list[dict[str, Any]]:
-    """The accepted submissions with their audit history, as :func:`ale_verify.db.all_submissions`
-    gives every submission: the rejected ones never reach a page, and the JSON columns, the
-    verifier's own writing, are decoded by orjson (several times faster; :mod:`json` for what
-    orjson refuses, a NaN)."""
+@attrs.frozen
+class Rows:
+    """The accepted submissions as the database gives them, not decoded yet (:func:`_decode`)."""
+
+    names: tuple[str, ...]  # the columns
+    rows: list[Sequence[Any]]  # in upload order
+    history: dict[str, list[dict[str, Any]]]  # each submission's audit log rows, in order
+
+
+def read_rows(database: db.Where) -> Rows:
+    """The accepted submissions and their audit history, not decoded."""
     with db.connect(database) as s:
-        rows = s.rows("SELECT * FROM submissions WHERE status = ? ORDER BY received_at, id", ["accepted"])
+        cursor = s.execute("SELECT * FROM submissions WHERE status = ? ORDER BY received_at, id", ["accepted"])
+        names = tuple(d[0] for d in cursor.description)
+        rows = cursor.fetchall()
         history = s.rows("SELECT * FROM audit_log ORDER BY seq")
     by_id: dict[str, list[dict[str, Any]]] = {}
     for h in history:
         by_id.setdefault(h["submission_id"], []).append(h)
-    return [
-        {**r, "reasons": _loads(r["reasons"]), "summary": _loads(r["summary"]), "history": by_id.get(r["id"], [])}
-        for r in rows
-    ]
+    return Rows(names, rows, by_id)
+
+
+def _decode(rows: Rows, i: int) -> tuple[dict[str, Any], str]:
+    """Row ``i`` with its JSON columns decoded (by orjson, several times faster: the verifier's
+    own writing; :mod:`json` for what orjson refuses, a NaN) and its history, as
+    :func:`ale_verify.db.all_submissions` gives it, and its digest (:func:`_row_digest`)."""
+    raw = rows.rows[i]
+    row = dict(zip(rows.names, raw, strict=True))
+    history = rows.history.get(row["id"], [])
+    digest = _row_digest(rows.names, raw, history)
+    return {**row, "reasons": _loads(row["reasons"]), "summary": _loads(row["summary"]), "history": history}, digest
+
+
+def _row_digest(names: Sequence[str], raw: Sequence[Any], history: list[dict[str, Any]]) -> str:
+    """SHA-256 of a submission's whole database row as read (its JSON columns as stored text) and
+    of its audit history: what every member of its entry and every line of its page derive from."""
+    data = orjson.dumps([names, raw, history], default=_json_fallback, option=_ORJSON)
+    return hashlib.sha256(data).hexdigest()
+
+
+def accepted_submissions(database: db.Where) -> list[dict[str, Any]]:
+    """The accepted submissions with their audit history, as :func:`ale_verify.db.all_submissions`
+    gives every submission: the rejected ones never reach a page."""
+    rows = read_rows(database)
+    return [_decode(rows, i)[0] for i in range(len(rows.rows))]
 
 
 def _loads(text: str | bytes) -> Any:
@@ -1394,7 +1584,7 @@ def export_site(
     enabled = gc.isenabled()
     gc.disable()  # a site's data is many small objects and no cycles: collecting finds nothing
     try:
-        rows = accepted_submissions(database)
+        rows = read_rows(database)
         report, inputs = _build(rows, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n, jobs=jobs)
     finally:
         if enabled:
@@ -1407,7 +1597,7 @@ def export_site(
 
 
 def _build(
-    rows: list[dict[str, Any]], out: Path, *, docs_dir: Path | None, page_size: int, top_n: int, jobs: int | None
+    rows: Rows, out: Path, *, docs_dir: Path | None, page_size: int, top_n: int, jobs: int | None
 ) -> tuple[ExportReport, dict[str, str]]:
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = _previous(out)

@@ -29,32 +29,32 @@ CATEGORIES = ("overall", "reproduction", "open")
 
 
 def genre_of(ref: str, summary: Mapping[str, Any], specs: Mapping[str, Any]) -> str | None:
-    """A task's genre: from the submission's own task records, else the installed task's spec."""
-    info = (summary.get("task_info") or {}).get(ref) or {}
-    if info.get("genre"):
-        return str(info["genre"])
-    for t in summary.get("tasks") or []:
-        if isinstance(t, Mapping) and t.get("task") == ref and t.get("genre"):
-            return str(t["genre"])
-    spec = specs.get(ref)
-    return spec.genre if spec is not None else None
+    """A task's genre: from the submission's own task records, else the installed task's spec
+    (:func:`task_genres` of the one ref)."""
+    return task_genres(summary, (ref,), specs)[ref]
 
 
 def task_genres(summary: Mapping[str, Any], refs: Iterable[Any], specs: Mapping[str, Any]) -> dict[Any, str | None]:
-    """:func:`genre_of` for each of ``refs``, reading the summary's task records once."""
+    """Each of ``refs``' genre, the summary's task records read once: its ``task_info`` entry's,
+    else the first task record of it with a genre, else the installed task's spec (None: unknown)."""
     info = summary.get("task_info") or {}
-    recorded: dict[str, Any] = {}  # a task's first record with a genre
-    for t in summary.get("tasks") or []:
+    tasks = summary.get("tasks") or []
+    recorded: dict[str, Any] = {}  # a str ref's first task record with a genre
+    for t in tasks:
         if isinstance(t, Mapping) and type(ref := t.get("task")) is str and t.get("genre"):
             recorded.setdefault(ref, t["genre"])
     genres: dict[Any, str | None] = {}
     for ref in refs:
-        if type(ref) is not str:  # not a ref of a task: genre_of's own reading
-            genres[ref] = genre_of(ref, summary, specs)
-        elif (known := info.get(ref) or {}).get("genre"):
+        if (known := info.get(ref) or {}).get("genre"):
             genres[ref] = str(known["genre"])
-        elif ref in recorded:
-            genres[ref] = str(recorded[ref])
+            continue
+        if type(ref) is str:
+            found = recorded.get(ref)
+        else:  # not a ref of a task (a hostile summary): the first record whose task equals it
+            found = next((t["genre"] for t in tasks if isinstance(t, Mapping) and t.get("task") == ref
+                          and t.get("genre")), None)  # fmt: skip
+        if found is not None:
+            genres[ref] = str(found)
         else:
             spec = specs.get(ref)
             genres[ref] = spec.genre if spec is not None else None
