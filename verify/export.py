@@ -39,7 +39,7 @@ import secrets
 import shutil
 import tempfile
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from importlib import resources
@@ -49,7 +49,10 @@ from typing import Any, cast
 
 import attrs
 import jinja2
+import jinja2.compiler
+import jinja2.filters
 import jinja2.meta
+import jinja2.nodes
 import markupsafe
 import orjson
 from markdown_it import MarkdownIt
@@ -266,9 +269,15 @@ class Entry:
     _fingerprint: str | None = attrs.field(default=None, init=False)
     #: the board shows these on every row of the entry: sorted once
     _states: dict[str, tuple[str, ...]] = attrs.field(init=False)
+    #: revoked by an operator: listed, never ranked
+    revoked: bool = attrs.field(init=False)
+    #: its page, from the site's root
+    href: str = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._states = {state: self.in_state(state) for state in ("unjudged", "judging_pending")}
+        self.revoked = self.level == "revoked"
+        self.href = f"submissions/{self.id}.html"
 
     def fingerprint(self) -> str:
         """A digest of everything a page can show of this entry: its database row's (every other
@@ -296,14 +305,6 @@ class Entry:
         """Waiting for the verifier's judge (final 0 until it answers)."""
         return self._states["judging_pending"]
 
-    @property
-    def revoked(self) -> bool:
-        return self.level == "revoked"
-
-    @property
-    def href(self) -> str:
-        return f"submissions/{self.id}.html"
-
 
 @attrs.define(repr=False)
 class Submission:
@@ -312,6 +313,7 @@ class Submission:
     entry: Entry
     row: dict[str, Any]
     summary: dict[str, Any]  # the row's summary, every member of SUMMARY_KEYS and TASK_KEYS present
+    context: dict[str, Any] | None = None  # its page's Site._submission_context, once prepared
 
 
 #: a task record's members a task's ranking shows (Entry.results)
@@ -396,17 +398,22 @@ def rank(
     """Ranked rows in board order with their ranks by id (:func:`ale_verify.ranking.place`: runs
     ``complete`` for the board first; runs whose ``interval``s cannot tell them apart share a
     rank), and revoked ones (unranked, by upload time), as ``GET /api/v1/leaderboard`` has them."""
-    scored = [(e, value) for e in entries if (value := score(e)) is not None]
-    standing = [(e, value) for e, value in scored if not e.revoked]
-    standings = []
-    for e, value in standing:
+    standing: list[Entry] = []
+    standings: list[ranking.Standing] = []
+    revoked: list[Entry] = []
+    for e in entries:
+        value = score(e)
+        if value is None:
+            continue
+        if e.revoked:
+            revoked.append(e)
+            continue
         lower, upper = interval(e) or (value, value)
+        standing.append(e)
         standings.append(ranking.Standing(value, lower, upper, complete(e), e.received_at, e.id))
     placed = ranking.place(standings)
-    ranked = [standing[i][0] for i, _ in placed]
-    ranks = {standing[i][0].id: r for i, r in placed}
-    revoked = sorted((e for e, _ in scored if e.revoked), key=lambda e: (e.received_at, e.id))
-    return ranked, revoked, ranks
+    revoked.sort(key=lambda e: (e.received_at, e.id))
+    return [standing[i] for i, _ in placed], revoked, {standing[i].id: r for i, r in placed}
 
 
 def category_complete(category: str) -> Callable[[Entry], bool]:
@@ -699,6 +706,59 @@ class _Template(jinja2.Template):
         return template
 
 
+class _CodeGenerator(jinja2.compiler.CodeGenerator):
+    """Jinja's code generator, but a run of template data and ``{{ }}`` values between two tags is
+    yielded as one string (``concat`` of them) where Jinja yields each piece: the same output, in
+    a third as many yields, each of which passes up the chain of blocks a page extends."""
+
+    def visit_Output(self, node: jinja2.nodes.Output, frame: jinja2.compiler.Frame) -> None:
+        if frame.buffer is not None or frame.require_output_check:
+            super().visit_Output(node, frame)  # a macro's or call block's buffer; outside a block
+            return
+        finalize = self._make_finalize()
+        body = self._output_body(node, frame, finalize)
+        if len(body) == 1:
+            self._output_item(body[0], frame, finalize, "yield ", "")
+            return
+        self.writeline("yield concat((")  # write_commons set `concat` in every root and block function
+        self.indent()
+        for item in body:
+            self._output_item(item, frame, finalize, "", ",")
+        self.outdent()
+        self.writeline("))")
+
+    def _output_body(
+        self, node: jinja2.nodes.Output, frame: jinja2.compiler.Frame, finalize: Any
+    ) -> list[list[Any] | jinja2.nodes.Expr]:
+        """The pieces to output, as Jinja's own visit_Output has them: constants joined at compile time."""
+        body: list[list[Any] | jinja2.nodes.Expr] = []
+        for child in node.nodes:
+            try:
+                if not (finalize.const or isinstance(child, jinja2.nodes.TemplateData)):
+                    raise jinja2.nodes.Impossible()
+                const = self._output_child_to_const(child, frame, finalize)
+            except (jinja2.nodes.Impossible, Exception):
+                body.append(child)
+                continue
+            if body and isinstance(body[-1], list):
+                body[-1].append(const)
+            else:
+                body.append([const])
+        return body
+
+    def _output_item(
+        self, item: list[Any] | jinja2.nodes.Expr, frame: jinja2.compiler.Frame, finalize: Any, pre: str, post: str
+    ) -> None:
+        if isinstance(item, list):
+            self.writeline(pre + self._output_const_repr(item) + post)
+            return
+        self.writeline(pre, item)
+        self._output_child_pre(item, frame, finalize)
+        self.visit(item, frame)
+        self._output_child_post(item, frame, finalize)
+        self.write(post)
+
+
 class Site:
     """Renders the pages into a folder and keeps the file list for the manifest."""
 
@@ -742,6 +802,7 @@ class Site:
             auto_reload=False,  # loaded once per export: no stat of the template per page
         )
         self.env.template_class = _Template
+        self.env.code_generator_class = _CodeGenerator
         self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES)
         # a level's badge, rendered once by its macro: every page shows several
         self.env.globals["badges"] = {
@@ -1055,30 +1116,57 @@ class Site:
         self.page(
             e.href,
             "submission.html",
-            derive=lambda: self._submission_context(sub),
+            derive=lambda: (
+                (self._submission_context(sub) if sub.context is None else sub.context)
+                | {"ranks": {category: e.ranks.get(category) for category, *_ in CATEGORIES}}
+            ),
             title=f"{e.agent}: submission {e.id}",
             section="board",
             site=self.chrome,
             e=e,
         )
 
+    def prepare(self, part: list[Submission], arrived: Callable[[], bool]) -> None:
+        """Until ``arrived()`` (the ranks, in a shard worker): the page context of each submission
+        whose page will be rendered whatever its ranks (the previous export has no digest of it),
+        so that its page needs only its rendering once they are there."""
+        for i, sub in enumerate(part):
+            if i % 32 == 0 and arrived():
+                return
+            if sub.entry.href not in self.previous_inputs:
+                sub.context = self._submission_context(sub)
+
     def _submission_context(self, sub: Submission) -> dict[str, Any]:
-        """What a submission's page shows of its row, prepared (from the row and the tasks alone)."""
+        """What a submission's page shows of its row, prepared (from the row and the tasks alone,
+        not its ranks): what a template would read by a method call, a test or a loop counter is
+        read here."""
         e, s = sub.entry, sub.summary
         history = sorted(sub.row.get("history") or [], key=lambda h: h["seq"])
         revocation = next((h for h in reversed(history) if h.get("to_level") == "revoked"), None)
         tasks = []
-        for t in s.get("tasks") or []:
+        for n, t in enumerate(s.get("tasks") or [], start=1):
             ref = str(t.get("task"))
             task_id = ref.partition("@")[0]
             known = task_id in self.tasks and self.tasks[task_id].spec.ref == ref
+            ended = t["ended"]
             tasks.append({**t, "href": f"../tasks/{task_id}.html" if known else None,
                           "title": self.tasks[task_id].spec.title if known else None,
-                          "verdict": _verdict(t.get("judgement") or {}),
-                          "interval": e.task_intervals.get(t.get("task"))})  # fmt: skip
+                          "verdict": _verdict(t.get("judgement") or {}) if t["judgement"] else _NO_VERDICT,
+                          "interval": e.task_intervals.get(t.get("task")), "n": n,
+                          "ended_in": (ended.get("phase"), ended.get("category"))
+                          if isinstance(ended, Mapping) else None})  # fmt: skip
+        missing = list(s["missing"] or [])
         return {
             "s": s,
             "tasks": tasks,
+            "judged": any(t["judgement"] for t in tasks),
+            "stats": [
+                (cat, text, first, e.scores[cat], e.intervals[cat], e.pass_rates[cat], e.coverage[cat])
+                for cat, text, first, _ in CATEGORIES
+            ],
+            "coverage": e.coverage["overall"],
+            "missing": [(ref, i == len(missing) - 1) for i, ref in enumerate(missing)],
+            "attestation": _attestation(s),
             "history": history,
             "revocation": revocation,
             "notes": sub.row.get("reasons") or [],
@@ -1183,54 +1271,56 @@ class Site:
         for e in sorted(entries, key=order):
             s = e.facts
             covered, required = e.coverage["overall"]
-            out.append(
-                {
-                    "submission_id": e.id,
-                    "url": e.href,
-                    "agent": e.agent,
-                    "model": e.model,
-                    "effort": e.effort,
-                    "level": e.level,
-                    "revoked": e.revoked,
-                    **{
-                        column: value
-                        for category, *_ in CATEGORIES
-                        for column, value in (
-                            (f"rank_{category}", e.ranks.get(category)),
-                            (f"score_{category}", e.scores[category]),
-                            (f"lower_{category}", (e.intervals[category] or (None, None))[0]),
-                            (f"upper_{category}", (e.intervals[category] or (None, None))[1]),
-                        )
-                    },
-                    "macro_mean": s["macro_mean"],
-                    "pass_rate": e.pass_rates["overall"],
-                    "pass_rate_reproduction": e.pass_rates["reproduction"],
-                    "pass_rate_open": e.pass_rates["open"],
-                    "covered": covered,
-                    "required": required,
-                    "coverage_complete": bool(s["coverage_complete"]),
-                    "missing": list(s["missing"] or []),
-                    "runtime_s": None if e.runtime_s is None else round(e.runtime_s, 6),
-                    "input_tokens": e.tokens[0] if e.tokens else None,
-                    "output_tokens": e.tokens[1] if e.tokens else None,
-                    "tokens_source": "network_proxy" if e.tokens else None,
-                    "received_at": _iso(e.received_at),
-                    "started": s["started"],
-                    "finished": s["finished"],
-                    "release": s["release"],
-                    "official_episode_counts": bool(s["official_episode_counts"]),
-                    "runner_kind": s["runner_kind"],
-                    "run_id": s["run_id"],
-                    "ciphertext_sha256": s["ciphertext_sha256"],
-                    "merkle_root": s["merkle_root"],
-                    **{state: list(e.in_state(state)) for state in JUDGEMENT_COLUMNS},
-                    "judged_by": [
-                        f"{ref}={_judged_by(j)}" for ref, j in sorted(e.judgements.items()) if j["judged_by"]
-                    ],
-                    "task_finals": dict(sorted(e.finals.items())),
-                    "task_judgements": dict(sorted(e.judgements.items())),
-                }
-            )
+            row: dict[str, Any] = {
+                "submission_id": e.id,
+                "url": e.href,
+                "agent": e.agent,
+                "model": e.model,
+                "effort": e.effort,
+                "level": e.level,
+                "revoked": e.revoked,
+            }
+            for category, *_ in CATEGORIES:
+                lower, upper = e.intervals[category] or (None, None)
+                row[f"rank_{category}"] = e.ranks.get(category)
+                row[f"score_{category}"] = e.scores[category]
+                row[f"lower_{category}"] = lower
+                row[f"upper_{category}"] = upper
+            states: dict[str, list[str]] = {state: [] for state in JUDGEMENT_COLUMNS}
+            judged_by = []
+            for ref, j in sorted(e.judgements.items()):
+                if j["state"] in states:
+                    states[j["state"]].append(ref)
+                if j["judged_by"]:
+                    judged_by.append(f"{ref}={_judged_by(j)}")
+            row |= {
+                "macro_mean": s["macro_mean"],
+                "pass_rate": e.pass_rates["overall"],
+                "pass_rate_reproduction": e.pass_rates["reproduction"],
+                "pass_rate_open": e.pass_rates["open"],
+                "covered": covered,
+                "required": required,
+                "coverage_complete": bool(s["coverage_complete"]),
+                "missing": list(s["missing"] or []),
+                "runtime_s": None if e.runtime_s is None else round(e.runtime_s, 6),
+                "input_tokens": e.tokens[0] if e.tokens else None,
+                "output_tokens": e.tokens[1] if e.tokens else None,
+                "tokens_source": "network_proxy" if e.tokens else None,
+                "received_at": _iso(e.received_at),
+                "started": s["started"],
+                "finished": s["finished"],
+                "release": s["release"],
+                "official_episode_counts": bool(s["official_episode_counts"]),
+                "runner_kind": s["runner_kind"],
+                "run_id": s["run_id"],
+                "ciphertext_sha256": s["ciphertext_sha256"],
+                "merkle_root": s["merkle_root"],
+                **states,
+                "judged_by": judged_by,
+                "task_finals": dict(sorted(e.finals.items())),
+                "task_judgements": dict(sorted(e.judgements.items())),
+            }
+            out.append(row)
         return out
 
     def _exports(self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
@@ -1247,8 +1337,14 @@ class Site:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\r\n")
         writer.writerow(CSV_COLUMNS)
+        texts = [i for i, name in enumerate(CSV_COLUMNS) if name in _TEXT_COLUMNS]
         for r in rows:
-            writer.writerow([_csv_cell(name, r[name]) for name in CSV_COLUMNS])
+            # None, str, int and float are written as the csv module writes them (None empty, a
+            # float by its repr): as _csv_cell does; the rest (bool, list, ...) by _csv_cell
+            cells = [v if type(v) in _CSV_AS_IS else _csv_cell(v) for v in map(r.__getitem__, CSV_COLUMNS)]
+            for i in texts:
+                cells[i] = _csv_text(r[CSV_COLUMNS[i]])
+            writer.writerow(cells)
         self.write("leaderboard.csv", buf.getvalue().encode("utf-8"))
 
     def _manifest(self) -> None:
@@ -1362,6 +1458,7 @@ def _shard_main(conn: Connection, start: int, stop: int, docs: bool) -> None:
         conn.send(("entries", [sub.entry for sub in part]))
         if docs:
             site._docs_pages()
+        site.prepare(part, conn.poll)  # while the exporting process ranks the entries
         for sub, (ranks, task_ranks) in zip(part, conn.recv(), strict=True):
             sub.entry.ranks, sub.entry.task_ranks = ranks, task_ranks
         for sub in part:
@@ -1416,6 +1513,54 @@ def _verdict(judgement: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: the verdict of a task without a judgement (what _verdict gives for none), shared
+_NO_VERDICT = _verdict({})
+
+#: how a submission's page names the members of its runtime attestation's code digest
+CODE_NAMES = {
+    "kind": "Attestation kind", "note": "Note", "code_sha256": "Code SHA-256",
+    "dependency_lock_sha256": "Dependency lock SHA-256", "python": "Python",
+    "evaluator_image_sha256": "Evaluator image SHA-256", "agent_image_sha256": "Agent image SHA-256",
+    "images_lock_sha256": "Images lock SHA-256",
+}  # fmt: skip
+
+
+def _signer(provenance: dict[str, Any]) -> Any:
+    """The first 16 characters of the runner key that signed an image's provenance ('' for none)."""
+    return ((provenance.get("signed_by") or {}).get("key_id") or "")[:16]
+
+
+def _attestation(s: dict[str, Any]) -> dict[str, Any]:
+    """What a submission's page shows of its runtime attestation, images, their provenance and its
+    runner's signature (each image and code member in key order, as Jinja's ``dictsort`` has it),
+    read from the summary as the page's template did."""
+    rt = s["runtime"] or {}
+    engine = rt.get("engine")
+    ran = (rt.get("images") or {}).get("images") or {}
+    images = jinja2.filters.do_dictsort(ran)
+    provenance = jinja2.filters.do_dictsort(s["image_provenance"] or {}) if ran else []
+    runner = s["runner"]
+    return {
+        "runtime": rt.get("runtime"),
+        "sandbox": rt.get("sandbox"),
+        "engine": (engine.get("name"), engine.get("version"), engine.get("server"), engine.get("oci_runtime"))
+        if engine
+        else None,
+        "images": [(name, entry.get("digest"), i == len(images) - 1) for i, (name, entry) in enumerate(images)],
+        "provenance": [
+            (name, p.get("status"), _signer(p), p.get("message"), p.get("reason"), i == len(provenance) - 1)
+            for i, (name, p) in enumerate(provenance)
+        ],
+        "code": [
+            (key, CODE_NAMES.get(key), key.endswith("sha256"), value)
+            for key, value in jinja2.filters.do_dictsort(rt.get("code") or {})
+        ],
+        "runner": (runner.get("label"), str(runner.get("kind") or "").replace("_", " "), runner.get("key_id"))
+        if runner
+        else None,
+    }
+
+
 def _judged_by(judgement: dict[str, Any]) -> str:
     """``judge_key:<key id>`` or ``verifier:<model>`` (``%`` and ``;`` in the model percent-escaped,
     so that the CSV's ``;``-joined list splits back exactly)."""
@@ -1425,7 +1570,7 @@ def _judged_by(judgement: dict[str, Any]) -> str:
     return f"verifier:{model}"
 
 
-def _csv_cell(name: str, value: Any) -> str:
+def _csv_cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -1434,10 +1579,19 @@ def _csv_cell(name: str, value: Any) -> str:
         return repr(value)
     if isinstance(value, list):
         return ";".join(map(str, value))
-    text = str(value)
-    if name in _TEXT_COLUMNS and text[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        text = "'" + text  # a spreadsheet must not run a submitter's text as a formula
-    return text
+    return str(value)
+
+
+#: the types whose CSV cell is what the csv module writes for them (None: empty; float: its repr)
+_CSV_AS_IS = frozenset({str, int, float, type(None)})
+
+
+def _csv_text(value: Any) -> str:
+    """A submitter's text in a cell: a spreadsheet must not run it as a formula."""
+    text = _csv_cell(value)
+    if value is None or isinstance(value, bool | float | list):
+        return text
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 # -- entry point ------------------------------------------------------------------------------

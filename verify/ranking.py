@@ -21,9 +21,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-import attrs
+from typing import Any, NamedTuple
 
 CATEGORIES = ("overall", "reproduction", "open")
 
@@ -112,8 +110,7 @@ def bounds(score: float, interval: Any) -> tuple[float, float]:
     return stored_bounds(interval) or (score, score)
 
 
-@attrs.frozen
-class Standing:
+class Standing(NamedTuple):
     """What places a ranked row: its score and interval, its coverage, its upload and its id."""
 
     score: float
@@ -130,13 +127,9 @@ def place(standings: Sequence[Standing]) -> list[tuple[int, int]]:
     ahead = 0
     for group in (True, False):
         members = [i for i, s in enumerate(standings) if s.complete == group]
-        lowers = sorted(standings[i].lower for i in members)
+        lowers = sorted([standings[i].lower for i in members])
         for i in members:
             ranks[i] = ahead + 1 + len(lowers) - bisect.bisect_right(lowers, standings[i].upper)
         ahead += len(members)
-
-    def key(i: int) -> tuple[Any, ...]:
-        s = standings[i]
-        return (not s.complete, ranks[i], -s.score, s.received_at, s.ident)
-
-    return [(i, ranks[i]) for i in sorted(range(len(standings)), key=key)]
+    keys = [(not s.complete, ranks[i], -s.score, s.received_at, s.ident) for i, s in enumerate(standings)]
+    return [(i, ranks[i]) for i in sorted(range(len(standings)), key=keys.__getitem__)]
