@@ -39,7 +39,7 @@ import secrets
 import shutil
 import tempfile
 import unicodedata
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from importlib import resources
@@ -273,11 +273,14 @@ class Entry:
     revoked: bool = attrs.field(init=False)
     #: its page, from the site's root
     href: str = attrs.field(init=False)
+    #: the day it was received (fmt_date), as every row of it shows it
+    date: str = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._states = {state: self.in_state(state) for state in ("unjudged", "judging_pending")}
         self.revoked = self.level == "revoked"
         self.href = f"submissions/{self.id}.html"
+        self.date = fmt_date(self.received_at)
 
     def fingerprint(self) -> str:
         """A digest of everything a page can show of this entry: its database row's (every other
@@ -290,6 +293,11 @@ class Entry:
 
     def __repr__(self) -> str:
         return f"Entry({self.id!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its members' values (a worker sends its entries to the exporting process):
+        less work than attrs' state dictionary, and its derived members are not derived again."""
+        return _entry, (tuple(getattr(self, name) for name in _ENTRY_MEMBERS),)
 
     def in_state(self, state: str) -> tuple[str, ...]:
         """The completed reproduction tasks whose judgement is in ``state`` (judging.STATES), sorted."""
@@ -304,6 +312,18 @@ class Entry:
     def pending(self) -> tuple[str, ...]:
         """Waiting for the verifier's judge (final 0 until it answers)."""
         return self._states["judging_pending"]
+
+
+#: every member of an entry, in the order Entry.__reduce__ sends them
+_ENTRY_MEMBERS = tuple(field.name for field in attrs.fields(Entry))
+
+
+def _entry(values: tuple[Any, ...]) -> Entry:
+    """An entry from the values Entry.__reduce__ sent."""
+    e = object.__new__(Entry)
+    for name, value in zip(_ENTRY_MEMBERS, values, strict=True):
+        object.__setattr__(e, name, value)
+    return e
 
 
 @attrs.define(repr=False)
@@ -389,56 +409,73 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
     return Submission(entry, row, s)
 
 
-def rank(
-    entries: Iterable[Entry],
-    score: Callable[[Entry], float | None],
-    complete: Callable[[Entry], bool] = lambda _e: True,
-    interval: Callable[[Entry], tuple[float, float] | None] = lambda _e: None,
-) -> tuple[list[Entry], list[Entry], dict[str, int]]:
-    """Ranked rows in board order with their ranks by id (:func:`ale_verify.ranking.place`: runs
-    ``complete`` for the board first; runs whose ``interval``s cannot tell them apart share a
-    rank), and revoked ones (unranked, by upload time), as ``GET /api/v1/leaderboard`` has them."""
-    standing: list[Entry] = []
-    standings: list[ranking.Standing] = []
-    revoked: list[Entry] = []
+#: a board: its ranked rows in board order and its revoked rows (unranked, by upload time)
+Board = tuple[list[Entry], list[Entry]]
+
+
+#: a board's rows with a score while it is ranked: the not revoked ones and their standings, the revoked ones
+_Rows = tuple[list[Entry], list[ranking.Standing], list[Entry]]
+
+
+def rank_all(entries: Sequence[Entry], refs: Sequence[str]) -> tuple[dict[str, Board], dict[str, Board]]:
+    """Every category's board and every task's ranking (``refs``), each entry's ranks set, the
+    standings gathered in one pass over the entries (:func:`_standings`), each board placed by
+    :func:`ale_verify.ranking.place` (a category ranks the runs that cover all its required
+    tasks first; runs whose intervals cannot tell them apart share a rank), as ``GET
+    /api/v1/leaderboard`` has them."""
+    cats, tasks = _standings(entries, refs)
+    boards: dict[str, Board] = {}
+    for category, (standing, standings, unranked) in cats.items():
+        ranked, ranks = _placed(standing, standings)
+        for e, r in zip(ranked, ranks, strict=True):
+            e.ranks[category] = r
+        boards[category] = (ranked, sorted(unranked, key=_uploaded))
+    task_boards: dict[str, Board] = {}
+    for ref, (standing, standings, unranked) in tasks.items():
+        ranked, ranks = _placed(standing, standings)
+        for e, r in zip(ranked, ranks, strict=True):
+            e.task_ranks[ref] = r
+        task_boards[ref] = (ranked, sorted(unranked, key=_uploaded))
+    return boards, task_boards
+
+
+def _standings(entries: Sequence[Entry], refs: Sequence[str]) -> tuple[dict[str, _Rows], dict[str, _Rows]]:
+    """Each board's rows with a score (a category's score, a task's final), in the entries' order.
+    A run without a stored interval counts as its score alone."""
+    Standing = ranking.Standing
+    cats: dict[str, _Rows] = {category: ([], [], []) for category, *_ in CATEGORIES}
+    tasks: dict[str, _Rows] = {ref: ([], [], []) for ref in refs}
     for e in entries:
-        value = score(e)
-        if value is None:
-            continue
-        if e.revoked:
-            revoked.append(e)
-            continue
-        lower, upper = interval(e) or (value, value)
-        standing.append(e)
-        standings.append(ranking.Standing(value, lower, upper, complete(e), e.received_at, e.id))
+        for category, (standing, standings, unranked) in cats.items():
+            value = e.scores[category]
+            if value is None:
+                continue
+            if e.revoked:
+                unranked.append(e)
+                continue
+            lower, upper = e.intervals[category] or (value, value)
+            standing.append(e)
+            standings.append(Standing(value, lower, upper, ranking.complete(e.coverage[category]), e.received_at, e.id))
+        for ref, value in e.finals.items():
+            if (rows := tasks.get(ref)) is None:
+                continue  # not an installed task
+            if e.revoked:
+                rows[2].append(e)
+                continue
+            lower, upper = e.task_intervals.get(ref) or (value, value)
+            rows[0].append(e)
+            rows[1].append(Standing(value, lower, upper, True, e.received_at, e.id))
+    return cats, tasks
+
+
+def _placed(standing: list[Entry], standings: list[ranking.Standing]) -> tuple[list[Entry], list[int]]:
+    """The rows in board order and their ranks (:func:`ale_verify.ranking.place`)."""
     placed = ranking.place(standings)
-    revoked.sort(key=lambda e: (e.received_at, e.id))
-    return [standing[i] for i, _ in placed], revoked, {standing[i].id: r for i, r in placed}
+    return [standing[i] for i, _ in placed], [r for _, r in placed]
 
 
-def category_complete(category: str) -> Callable[[Entry], bool]:
-    """Whether an entry covers every required task of the category (:func:`ale_verify.ranking.complete`)."""
-    return lambda e: ranking.complete(e.coverage[category])
-
-
-def category_score(category: str) -> Callable[[Entry], float | None]:
-    """An entry's score in a leaderboard category, as :func:`rank` takes it."""
-    return lambda e: e.scores[category]
-
-
-def category_interval(category: str) -> Callable[[Entry], tuple[float, float] | None]:
-    """An entry's stored 95% interval in a category, as :func:`rank` takes it."""
-    return lambda e: e.intervals[category]
-
-
-def task_final(ref: str) -> Callable[[Entry], float | None]:
-    """An entry's final score on one task (None where it has none), as :func:`rank` takes it."""
-    return lambda e: e.finals.get(ref)
-
-
-def task_interval(ref: str) -> Callable[[Entry], tuple[float, float] | None]:
-    """An entry's stored 95% interval of its final score on one task, as :func:`rank` takes it."""
-    return lambda e: e.task_intervals.get(ref)
+def _uploaded(e: Entry) -> tuple[float, str]:
+    return e.received_at, e.id
 
 
 # -- markdown ---------------------------------------------------------------------------------
@@ -624,6 +661,27 @@ def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: flo
         "paper_x": None if by == "pass" else round(label_w + plot_w / scale_max, 2),
         "rows": bars,
     }
+
+
+def _board_cells(rows: Sequence[Entry], category: str) -> list[tuple[Any, ...]]:
+    """What a board page's rows show of their entries in ``category``: (entry, coverage, whether
+    the partial runs start at it, rank, score, interval, pass rate, unjudged tasks, pending tasks)."""
+    cells = []
+    partial = False
+    for e in rows:
+        cov = e.coverage[category]
+        divider = not partial and not e.revoked and cov[0] < cov[1]
+        partial = partial or divider
+        rank = None if e.revoked else e.ranks[category]
+        judged = category != "open"  # an open task has no faithfulness gate
+        cells.append((e, cov, divider, rank, e.scores[category], e.intervals[category], e.pass_rates[category],
+                      e.unjudged if judged else (), e.pending if judged else ()))  # fmt: skip
+    return cells
+
+
+def _task_cells(rows: Sequence[Entry], ref: str) -> list[tuple[Any, ...]]:
+    """What a task's ranking shows of its entries: (entry, its task record, rank, interval)."""
+    return [(e, e.results[ref], None if e.revoked else e.task_ranks[ref], e.task_intervals.get(ref)) for e in rows]
 
 
 def _clip(text: str, size: int) -> str:
@@ -965,19 +1023,21 @@ class Site:
         """The rows ``start`` to ``stop`` (of :func:`read_rows`) decoded and built."""
         return [build_submission(*_decode(rows, i), specs=self.specs) for i in range(start, stop)]
 
-    def build(self, rows: Rows) -> ExportReport:
-        """Every file of the site. With many rows, ``jobs`` forked :class:`_Shards` build the
-        entries of a part of the rows each and render their submission pages, while this process
-        ranks the entries they send and renders the rest (:meth:`_run`)."""
+    def build(self, database: db.Where) -> ExportReport:
+        """Every file of the site. With many rows, ``jobs`` forked :class:`_Shards` read and build
+        the entries of a part of the rows each and render their submission pages, while this
+        process ranks the entries they send and renders the rest (:meth:`_run`)."""
         # what the page chrome (base.html) shows; the board adds its counts (not every page's input)
         self.chrome = {
             "version": __version__,
             "release": self.release.release,
             "export_doc": "leaderboard-export" in self.docs,
         }
-        shards = _Shards(self, rows) if self.jobs > 1 and len(rows.rows) >= PARALLEL_FROM else None
+        keys = read_keys(database) if self.jobs > 1 else []
+        shards = _Shards(self, database, keys) if len(keys) >= PARALLEL_FROM else None
         try:
-            own = [] if shards is not None else self.submissions(rows, 0, len(rows.rows))
+            rows = read_rows(database) if shards is None else None
+            own = [] if rows is None else self.submissions(rows, 0, len(rows.rows))
             entries = shards.entries() if shards is not None else [sub.entry for sub in own]
             ranked = self._build(entries, own, shards)
         finally:
@@ -997,22 +1057,8 @@ class Site:
 
     def _build(self, entries: list[Entry], own: list[Submission], shards: _Shards | None) -> int:
         """Rank the entries and render every page; the rows ranked on the Overall tab."""
-        entries.sort(key=lambda e: (e.received_at, e.id))
-        boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
-        for category, *_ in CATEGORIES:
-            ranked, revoked, ranks = rank(
-                entries, category_score(category), category_complete(category), category_interval(category)
-            )
-            for e in ranked:
-                e.ranks[category] = ranks[e.id]
-            boards[category] = (ranked, revoked)
-        task_boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
-        for task in self.tasks.values():
-            ref = task.spec.ref
-            ranked, revoked, ranks = rank(entries, task_final(ref), interval=task_interval(ref))
-            for e in ranked:
-                e.task_ranks[ref] = ranks[e.id]
-            task_boards[ref] = (ranked, revoked)
+        entries.sort(key=_uploaded)
+        boards, task_boards = rank_all(entries, [task.spec.ref for task in self.tasks.values()])
         if shards is not None:
             shards.render()  # the workers render their submission pages meanwhile
         self.board_site = self.chrome | {
@@ -1095,6 +1141,7 @@ class Site:
             self.page(
                 _page_name(first, stem, number),
                 "board.html",
+                derive=lambda: {"cells": _board_cells(chunk, category)},
                 title=f"{label} leaderboard" + (f" (page {number})" if number > 1 else ""),
                 section="board",
                 site=self.board_site,
@@ -1176,7 +1223,7 @@ class Site:
             ),
         }
 
-    def _tasks(self, task_boards: dict[str, tuple[list[Entry], list[Entry]]]) -> list[Callable[[], None]]:
+    def _tasks(self, task_boards: dict[str, Board]) -> list[Callable[[], None]]:
         summaries = []
         work: list[Callable[[], None]] = []
         for task_id, task in sorted(self.tasks.items()):
@@ -1208,6 +1255,7 @@ class Site:
                 self.page(
                     _page_name(f"tasks/{task_id}.html", task_id, number),
                     "task.html",
+                    derive=lambda: {"cells": _task_cells(chunk, info["spec"].ref)},
                     title=info["spec"].title + (f" (page {number})" if number > 1 else ""),
                     section="tasks",
                     site=self.chrome,
@@ -1258,9 +1306,7 @@ class Site:
 
     # exports
 
-    def _export_rows(
-        self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]
-    ) -> list[dict[str, Any]]:
+    def _export_rows(self, entries: list[Entry], boards: dict[str, Board]) -> list[dict[str, Any]]:
         position = {e.id: i for i, e in enumerate(boards["overall"][0])}  # the Overall tab's order
 
         def order(e: Entry) -> tuple[Any, ...]:
@@ -1323,7 +1369,7 @@ class Site:
             out.append(row)
         return out
 
-    def _exports(self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
+    def _exports(self, entries: list[Entry], boards: dict[str, Board]) -> None:
         rows = self._export_rows(entries, boards)
         doc = {
             "schema": EXPORT_SCHEMA,
@@ -1372,8 +1418,8 @@ def _run_chunk(
     return site._counts()
 
 
-#: what a forked shard worker reads: (site, rows), set by _Shards around the fork
-_SHARD: tuple[Site, Rows] | None = None
+#: what a forked shard worker reads: (site, database), set by _Shards around the fork
+_SHARD: tuple[Site, db.Where] | None = None
 
 
 class _Shards:
@@ -1384,18 +1430,21 @@ class _Shards:
     the rows, the submissions' pages and the links of their unchanged files are split between the
     workers, and only entries and ranks cross between processes."""
 
-    def __init__(self, site: Site, rows: Rows) -> None:
+    def __init__(self, site: Site, database: db.Where, keys: list[Key]) -> None:
         self.site = site
-        n = len(rows.rows)
+        n = len(keys)
         jobs = max(1, min(site.jobs, n))
-        bounds = [(n * k // jobs, n * (k + 1) // jobs) for k in range(jobs)]
+        # each reads the rows from its first key on, up to the next one's (the first and last
+        # open-ended: a row uploaded meanwhile is in exactly one part)
+        bounds = [(keys[n * k // jobs] if k else None, keys[n * (k + 1) // jobs] if k < jobs - 1 else None)
+                  for k in range(jobs)]  # fmt: skip
         site._folders_made()
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[Connection] = []
         self.parts: list[list[Entry]] = []
         context = multiprocessing.get_context("fork")
         global _SHARD
-        _SHARD = (site, rows)
+        _SHARD = (site, database)
         try:
             for k, (start, stop) in enumerate(bounds):
                 ours, theirs = context.Pipe()
@@ -1448,13 +1497,14 @@ class _Shards:
             conn.close()
 
 
-def _shard_main(conn: Connection, start: int, stop: int, docs: bool) -> None:
+def _shard_main(conn: Connection, start: Key | None, stop: Key | None, docs: bool) -> None:
     """A shard worker (:class:`_Shards`): errors are sent, not printed."""
     assert _SHARD is not None, "a worker forked by _Shards"
-    site, rows = _SHARD
+    site, database = _SHARD
     site._reset()
     try:
-        part = site.submissions(rows, start, stop)
+        rows = read_rows(database, start, stop)
+        part = site.submissions(rows, 0, len(rows.rows))
         conn.send(("entries", [sub.entry for sub in part]))
         if docs:
             site._docs_pages()
@@ -1670,13 +1720,37 @@ class Rows:
     history: dict[str, list[dict[str, Any]]]  # each submission's audit log rows, in order
 
 
-def read_rows(database: db.Where) -> Rows:
-    """The accepted submissions and their audit history, not decoded."""
+#: a submission's place in upload order: (received_at, id)
+Key = tuple[float, str]
+
+
+def read_keys(database: db.Where) -> list[Key]:
+    """The accepted submissions' keys, in upload order."""
     with db.connect(database) as s:
-        cursor = s.execute("SELECT * FROM submissions WHERE status = ? ORDER BY received_at, id", ["accepted"])
+        cursor = s.execute(
+            "SELECT received_at, id FROM submissions WHERE status = ? ORDER BY received_at, id", ["accepted"]
+        )
+        return [(at, ident) for at, ident in cursor.fetchall()]
+
+
+def read_rows(database: db.Where, start: Key | None = None, stop: Key | None = None) -> Rows:
+    """The accepted submissions (those from ``start`` on and before ``stop``, in upload order)
+    and their audit history, not decoded."""
+    where, params = "s.status = ?", list[Any](["accepted"])
+    if start is not None:
+        where += " AND (s.received_at > ? OR (s.received_at = ? AND s.id >= ?))"
+        params += [start[0], start[0], start[1]]
+    if stop is not None:
+        where += " AND (s.received_at < ? OR (s.received_at = ? AND s.id < ?))"
+        params += [stop[0], stop[0], stop[1]]
+    with db.connect(database) as s:
+        cursor = s.execute(f"SELECT * FROM submissions s WHERE {where} ORDER BY s.received_at, s.id", params)
         names = tuple(d[0] for d in cursor.description)
         rows = cursor.fetchall()
-        history = s.rows("SELECT * FROM audit_log ORDER BY seq")
+        history = s.rows(
+            f"SELECT a.* FROM audit_log a JOIN submissions s ON s.id = a.submission_id WHERE {where} ORDER BY a.seq",
+            params,
+        )
     by_id: dict[str, list[dict[str, Any]]] = {}
     for h in history:
         by_id.setdefault(h["submission_id"], []).append(h)
@@ -1738,8 +1812,7 @@ def export_site(
     enabled = gc.isenabled()
     gc.disable()  # a site's data is many small objects and no cycles: collecting finds nothing
     try:
-        rows = read_rows(database)
-        report, inputs = _build(rows, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n, jobs=jobs)
+        report, inputs = _build(database, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n, jobs=jobs)
     finally:
         if enabled:
             gc.enable()
@@ -1751,7 +1824,7 @@ def export_site(
 
 
 def _build(
-    rows: Rows, out: Path, *, docs_dir: Path | None, page_size: int, top_n: int, jobs: int | None
+    database: db.Where, out: Path, *, docs_dir: Path | None, page_size: int, top_n: int, jobs: int | None
 ) -> tuple[ExportReport, dict[str, str]]:
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = _previous(out)
@@ -1762,7 +1835,7 @@ def _build(
         workers = jobs if jobs is not None else max(1, min(8, len(os.sched_getaffinity(0))))
         site = Site(stage, docs_dir=docs_dir, page_size=page_size, top_n=top_n, previous=previous,
                     previous_inputs=previous_inputs, jobs=workers)  # fmt: skip
-        report = site.build(rows)
+        report = site.build(database)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
             os.replace(out, old)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 CATEGORIES = ("overall", "reproduction", "open")
 
@@ -39,7 +39,7 @@ def task_genres(summary: Mapping[str, Any], refs: Iterable[Any], specs: Mapping[
     tasks = summary.get("tasks") or []
     recorded: dict[str, Any] = {}  # a str ref's first task record with a genre
     for t in tasks:
-        if isinstance(t, Mapping) and type(ref := t.get("task")) is str and t.get("genre"):
+        if (type(t) is dict or isinstance(t, Mapping)) and type(ref := t.get("task")) is str and t.get("genre"):
             recorded.setdefault(ref, t["genre"])
     genres: dict[Any, str | None] = {}
     for ref in refs:
@@ -81,16 +81,16 @@ def summary_interval(summary: Mapping[str, Any], *, category: str | None = None,
     """The stored 95% interval (``{"lower", "upper"}``) of a category's score or of a task's final
     in a submission's summary, or None (an older row, or nothing there)."""
     intervals = summary.get("intervals")
-    if not isinstance(intervals, Mapping):
+    if not _mapping(intervals):
         return None
     where = intervals.get("categories") if task is None else intervals.get("tasks")
-    return where.get(category if task is None else task) if isinstance(where, Mapping) else None
+    return where.get(category if task is None else task) if _mapping(where) else None
 
 
 def stored_bounds(interval: Any) -> tuple[float, float] | None:
     """``(lower, upper)`` of a stored interval when it is one (two finite numbers, lower at most
     upper), else None: the board never fails on a row it cannot rank by an interval."""
-    if not isinstance(interval, Mapping):
+    if not _mapping(interval):
         return None
     lower: Any = interval.get("lower")
     upper: Any = interval.get("upper")
@@ -98,6 +98,11 @@ def stored_bounds(interval: Any) -> tuple[float, float] | None:
         return None
     low, high = float(lower), float(upper)
     return (low, high) if math.isfinite(low) and math.isfinite(high) and low <= high else None
+
+
+def _mapping(value: Any) -> TypeGuard[Mapping[Any, Any]]:
+    """isinstance(value, Mapping), a dict (a decoded summary's) first: the abstract check costs more."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def _number(value: Any) -> bool:
