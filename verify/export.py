@@ -338,6 +338,9 @@ class Submission:
 
 #: a task record's members a task's ranking shows (Entry.results)
 RESULT_KEYS = ("final", "measured", "pass_rate")
+#: a summary's and a task record's members a page reads, each None until the row's own replace it
+_NO_SUMMARY: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS)
+_NO_TASK: dict[str, Any] = dict.fromkeys(TASK_KEYS)
 #: the summary's members the CSV/JSON exports show (Entry.facts; ``runner_kind``: its runner's kind)
 EXPORT_FACTS = (
     "macro_mean", "coverage_complete", "missing", "started", "finished", "release", "official_episode_counts",
@@ -349,22 +352,25 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
     """A decoded database row (``digest``: its :func:`_row_digest`) as its entry and page see it."""
     if not _SAFE_ID.match(str(row["id"])):
         raise ExportError(f"submission id {row['id']!r} cannot name a file")
-    s = {key: None for key in SUMMARY_KEYS} | row["summary"]
-    s["tasks"] = [{key: None for key in TASK_KEYS} | t for t in s["tasks"] or [] if isinstance(t, dict)]
-    agent = s.get("agent") or {}
+    s = _NO_SUMMARY | row["summary"]
+    s["tasks"] = tasks = [_NO_TASK | t for t in s["tasks"] or [] if isinstance(t, dict)]
+    agent = s["agent"] or {}
     declared = agent.get("declared") or {}
-    covered = list(s.get("covered") or [])
-    completed = {t["task"]: t for t in s["tasks"] if t["status"] == "completed" and t["final"] is not None}
+    covered = list(s["covered"] or [])
+    completed = {t["task"]: t for t in tasks if t["status"] == "completed" and t["final"] is not None}
     scores: dict[str, float | None] = {}
     pass_rates: dict[str, float | None] = {}
     coverage: dict[str, tuple[int, int]] = {}
-    categories = s.get("categories") or {}
-    genres = ranking.task_genres(s, covered + list(s.get("missing") or []), specs)
+    categories = s["categories"] or {}
+    genres = ranking.task_genres(s, covered + list(s["missing"] or []), specs)
     for category, *_ in CATEGORIES:
         scores[category] = categories.get(category)
-        in_cat = [completed[r] for r in covered if r in completed and (category == "overall" or genres[r] == category)]
-        episodes = sum(int(t.get("episodes") or 0) for t in in_cat)
-        pass_rates[category] = sum(int(t.get("passed") or 0) for t in in_cat) / episodes if episodes else None
+        episodes = passed = 0
+        for r in covered:
+            if r in completed and (category == "overall" or genres[r] == category):
+                episodes += int(completed[r]["episodes"] or 0)
+                passed += int(completed[r]["passed"] or 0)
+        pass_rates[category] = passed / episodes if episodes else None
         coverage[category] = ranking.coverage(s, category, specs, genres)
     if s.get("pass_rate") is not None:
         pass_rates["overall"] = s["pass_rate"]  # the verifier's own figure
@@ -374,7 +380,7 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
     if s.get("network_proxy") is not None:
         tokens = (int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
     results: dict[str, dict[str, Any]] = {}
-    for t in s["tasks"]:
+    for t in tasks:
         if type(t["task"]) is str and t["task"] not in results:  # a task's ranking names it by its ref
             results[t["task"]] = {key: t[key] for key in RESULT_KEYS}
     entry = Entry(
@@ -834,6 +840,7 @@ class Site:
         if page_size < 1 or top_n < 1 or jobs < 1:
             raise ExportError("page_size, top_n and jobs must be positive")
         self.out = out
+        self._root = os.fspath(out)  # a page's path is joined as a str: a Path costs more per file
         self.previous = previous  # the previous export's folder and its manifest's files
         self.jobs = jobs
         self.unchanged = 0
@@ -909,14 +916,14 @@ class Site:
             try:  # the same bytes as the previous export's file: that file, not a rewrite
                 source = self.previous[0] / rel
                 if source.read_bytes() == data:
-                    os.link(source, self.out / rel)
+                    os.link(source, f"{self._root}/{rel}")
                     self.unchanged += 1
                     return
             except OSError:
                 pass  # gone, or another filesystem: write it
         # os.open and one write: a pathlib write_bytes costs several times as much per file, and
         # a site has a page per submission.
-        fd = os.open(self.out / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(f"{self._root}/{rel}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             view = memoryview(data)
             while view:
@@ -992,13 +999,13 @@ class Site:
         listed = self.previous[1].get(rel)
         if listed is None:
             return False
-        source = self.previous[0] / rel
+        source = f"{os.fspath(self.previous[0])}/{rel}"
         try:
             with open(source, "rb") as fh:
                 if hashlib.file_digest(fh, "sha256").hexdigest() != listed[0]:
                     return False  # changed since the manifest was written: render it
             self._folder(rel)
-            os.link(source, self.out / rel)
+            os.link(source, f"{self._root}/{rel}")
         except OSError:
             return False  # gone, or another filesystem: render it
         self.files[rel] = listed
@@ -1549,17 +1556,20 @@ _TEXT_COLUMNS = frozenset({"agent", "model", "effort"})
 #: what a submission's page shows of a task's judgement (absent: None), and of the bundle's own verdict
 VERDICT_KEYS = ("status", "faithful", "source", "judge_key_id", "judge_model", "input_sha256", "rationale")
 CLAIMED_KEYS = ("outcome", "faithful", "judge_model", "signature")
-FINDING_KEYS = ("item", "kind", "satisfied", "evidence")
 
 
 def _verdict(judgement: dict[str, Any]) -> dict[str, Any]:
-    """A task's judgement with every key its page reads (absent: None), the bundle's own verdict
-    (``claimed``) and each finding alike: read by key in the template, no ``.get()`` call per value."""
+    """A task's judgement with every key its page reads (absent: None) and the bundle's own verdict
+    (``claimed``) alike, read by key in the template, no ``.get()`` call per value; each finding
+    as the tuple of its item, kind, satisfied and evidence."""
     claimed = judgement.get("claimed") or {}
     return {
         **{k: judgement.get(k) for k in VERDICT_KEYS},
         "claimed": {k: claimed.get(k) for k in CLAIMED_KEYS},
-        "findings": [{k: f.get(k) for k in FINDING_KEYS} for f in judgement.get("findings") or ()],
+        "findings": [
+            (f.get("item"), f.get("kind"), f.get("satisfied"), f.get("evidence"))
+            for f in judgement.get("findings") or ()
+        ],
     }
 
 
