@@ -1406,7 +1406,8 @@ class Site:
         self.write(MANIFEST, (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode())
 
 
-#: from this many work items (pages, mostly) on, they are run by worker processes (Site.jobs)
+#: from this many submissions on, shard workers build them and render their pages (_Shards); from
+#: this many other work items (pages, mostly) on, worker processes run them (Site._run)
 PARALLEL_FROM = 200
 #: what forked workers run: (site, work items), set by Site._run around the fork
 _WORK: tuple[Site, list[Callable[[], None]]] | None = None
