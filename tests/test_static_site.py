@@ -14,8 +14,10 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import itertools
 import json
 import math
+import os
 import re
 import shutil
 import sqlite3
@@ -28,6 +30,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+import jinja2.compiler
 import markupsafe
 import pytest
 import site_fixtures as sf
@@ -828,3 +831,107 @@ def test_export_site_numbers_out_of_bounds_are_a_usage_error_not_a_fork_per_job(
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+# -- the exporter's worker processes -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A board big enough for the shard workers (export.PARALLEL_FROM rows and more)."""
+    database = tmp_path_factory.mktemp("sharded") / "db.sqlite3"
+    sf.fill_many(database, export.PARALLEL_FROM + 11, seed=3)
+    return database
+
+
+def test_the_shard_workers_read_every_row_once(sharded: Path) -> None:
+    """read_rows over the key ranges the shard workers are given (open-ended at both ends) reads
+    the rows read_rows reads at once, each once, in upload order, with their audit history."""
+    keys = export.read_keys(sharded)
+    whole = export.read_rows(sharded)
+    assert [(r[whole.names.index("received_at")], r[whole.names.index("id")]) for r in whole.rows] == keys
+    bounds = [None, keys[40], keys[41], keys[200], None]
+    parts = [export.read_rows(sharded, start, stop) for start, stop in itertools.pairwise(bounds)]
+    assert [len(p.rows) for p in parts] == [40, 1, 159, len(keys) - 200]
+    assert [r for p in parts for r in p.rows] == whole.rows
+    assert {k: v for p in parts for k, v in p.history.items()} == whole.history
+
+
+def test_a_hostile_id_in_a_shard_fails_the_export_and_leaves_no_worker(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error in a shard worker (here a submission id that cannot name a file) is the export's
+    error, as it is in one process: the previous site stays, no stage folder or worker is left."""
+    database = tmp_path / "db.sqlite3"
+    with sqlite3.connect(sharded) as source, sqlite3.connect(database) as copy:
+        source.backup(copy)  # (the fixture's write-ahead log included)
+    assert len(export.read_keys(database)) >= export.PARALLEL_FROM
+    site = _export(database, tmp_path / "site", jobs=2)
+    before = _tree(site)
+    with sqlite3.connect(database) as c:
+        c.execute("UPDATE submissions SET id = '../escape' WHERE id = (SELECT max(id) FROM submissions)")
+    workers: list[Any] = []
+    close = export._Shards.close
+
+    def spy(self: Any) -> None:
+        workers.extend(self.procs)
+        close(self)
+
+    monkeypatch.setattr(export._Shards, "close", spy)
+    for jobs in (1, 2):
+        with pytest.raises(export.ExportError, match="cannot name a file"):
+            _export(database, tmp_path / "site", jobs=jobs)
+    assert len(workers) == 2
+    assert not any(p.is_alive() for p in workers)
+    assert _tree(site) == before
+    assert not [p.name for p in tmp_path.iterdir() if ".new-" in p.name or ".old-" in p.name]
+
+
+def test_a_shard_worker_that_dies_fails_the_export(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard worker killed before it sent its entries (the kernel's OOM killer, an operator) is an
+    ExportError naming its exit status, not a hang."""
+
+    def die(*_args: Any, **_kw: Any) -> None:
+        os._exit(7)
+
+    monkeypatch.setattr(export, "build_submission", die)
+    with pytest.raises(export.ExportError, match=r"ended \(exit status 7\) before it sent its entries"):
+        _export(sharded, tmp_path / "site", jobs=2)
+    assert not (tmp_path / "site").exists()
+
+
+def test_a_page_context_prepared_before_the_ranks_shows_the_ranks(sharded: Path, tmp_path: Path) -> None:
+    """A shard worker prepares its submissions' page contexts while the ranks are computed
+    (Site.prepare): the pages then rendered show the ranks set after, as unprepared pages do."""
+    rows = export.read_rows(sharded)
+    pages = {}
+    for prepared in (False, True):
+        site = export.Site(tmp_path / f"s{prepared}", docs_dir=None, page_size=10, top_n=3)
+        site.chrome = {"version": "v", "release": "r", "export_doc": False}
+        part = site.submissions(rows, 0, 30)
+        if prepared:
+            site.prepare(part, lambda: False)
+            assert all(sub.context is not None for sub in part)
+        export.rank_all([sub.entry for sub in part], list(site.specs))
+        assert any(sub.entry.ranks for sub in part)
+        for sub in part:
+            site._submission(sub)
+        pages[prepared] = _tree(site.out)
+    assert pages[True] == pages[False]
+    shown = [re.findall(r"rank (\d+)</a>", page.decode()) for page in pages[True].values()]
+    assert any(shown)
+
+
+def test_the_joined_output_code_generator_writes_what_jinja_writes(
+    mix: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The templates are compiled by export._CodeGenerator, which yields a run of output pieces as
+    one string: every page is the one Jinja's own code generator renders, byte for byte."""
+    monkeypatch.setattr(export, "_CodeGenerator", jinja2.compiler.CodeGenerator)
+    stock = _export(mix["db"], tmp_path / "stock")
+    assert _tree(stock) == _tree(mix["site"])
+    assert export.Site(tmp_path / "s", docs_dir=None, page_size=10, top_n=3).env.code_generator_class is (
+        jinja2.compiler.CodeGenerator
+    )

@@ -39,16 +39,20 @@ import secrets
 import shutil
 import tempfile
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from importlib import resources
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, cast
 
 import attrs
 import jinja2
+import jinja2.compiler
+import jinja2.filters
 import jinja2.meta
+import jinja2.nodes
 import markupsafe
 import orjson
 from markdown_it import MarkdownIt
@@ -236,11 +240,11 @@ def _parse_time(text: Any) -> float | None:
 
 @attrs.define(repr=False)
 class Entry:
-    """One accepted submission, as every page and export sees it."""
+    """One accepted submission, as the boards, the task rankings and the exports see it (picklable:
+    a worker that built it sends it to the exporting process; :class:`Submission` keeps the rest)."""
 
     id: str
-    row: dict[str, Any]
-    summary: dict[str, Any]
+    digest: str  # SHA-256 of its database row as read (_row_digest): every member is derived from it
     level: str
     received_at: float
     agent: str
@@ -254,29 +258,46 @@ class Entry:
     finals: dict[str, float]  # task ref -> final score (completed, covered or not)
     intervals: dict[str, tuple[float, float] | None]  # category -> the score's stored 95% interval
     task_intervals: dict[str, tuple[float, float]]  # task ref -> its final's stored 95% interval
+    #: each task's record by its ref (the first, should one repeat): what a task's ranking shows of it
+    results: dict[str, dict[str, Any]]
+    #: the summary's members the CSV/JSON exports show (EXPORT_FACTS)
+    facts: dict[str, Any]
     ranks: dict[str, int] = attrs.Factory(dict)  # category -> rank (docs/intervals.md, "Ranks")
     task_ranks: dict[str, int] = attrs.Factory(dict)  # task ref -> rank on the task's page
     #: each completed reproduction task's judgement (ale_verify.judging.task_judgement)
     judgements: dict[str, dict[str, Any]] = attrs.Factory(dict)
     _fingerprint: str | None = attrs.field(default=None, init=False)
-    _results: dict[str, dict[str, Any]] | None = attrs.field(default=None, init=False)
     #: the board shows these on every row of the entry: sorted once
     _states: dict[str, tuple[str, ...]] = attrs.field(init=False)
+    #: revoked by an operator: listed, never ranked
+    revoked: bool = attrs.field(init=False)
+    #: its page, from the site's root
+    href: str = attrs.field(init=False)
+    #: the day it was received (fmt_date), as every row of it shows it
+    date: str = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._states = {state: self.in_state(state) for state in ("unjudged", "judging_pending")}
+        self.revoked = self.level == "revoked"
+        self.href = f"submissions/{self.id}.html"
+        self.date = fmt_date(self.received_at)
 
     def fingerprint(self) -> str:
-        """A digest of everything a page can show of this entry: its database row (every other
+        """A digest of everything a page can show of this entry: its database row's (every other
         member is derived from it and the installed tasks, which the code digest covers) and its
         ranks. Computed once, after the ranks are set."""
         if self._fingerprint is None:
-            raw = orjson.dumps([self.row, self.ranks, self.task_ranks], default=_json_fallback, option=_ORJSON)
+            raw = orjson.dumps([self.digest, self.ranks, self.task_ranks], option=_ORJSON)
             self._fingerprint = hashlib.sha256(raw).hexdigest()
         return self._fingerprint
 
     def __repr__(self) -> str:
         return f"Entry({self.id!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its members' values (a worker sends its entries to the exporting process):
+        less work than attrs' state dictionary, and its derived members are not derived again."""
+        return _entry, (tuple(getattr(self, name) for name in _ENTRY_MEMBERS),)
 
     def in_state(self, state: str) -> tuple[str, ...]:
         """The completed reproduction tasks whose judgement is in ``state`` (judging.STATES), sorted."""
@@ -292,43 +313,64 @@ class Entry:
         """Waiting for the verifier's judge (final 0 until it answers)."""
         return self._states["judging_pending"]
 
-    @property
-    def results(self) -> dict[str, dict[str, Any]]:
-        """Each task's record in the summary by its ref (the first, should one repeat)."""
-        if self._results is None:
-            self._results = {}
-            for t in self.summary["tasks"]:
-                self._results.setdefault(t["task"], t)
-        return self._results
 
-    @property
-    def revoked(self) -> bool:
-        return self.level == "revoked"
-
-    @property
-    def href(self) -> str:
-        return f"submissions/{self.id}.html"
+#: every member of an entry, in the order Entry.__reduce__ sends them
+_ENTRY_MEMBERS = tuple(field.name for field in attrs.fields(Entry))
 
 
-def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
+def _entry(values: tuple[Any, ...]) -> Entry:
+    """An entry from the values Entry.__reduce__ sent."""
+    e = object.__new__(Entry)
+    for name, value in zip(_ENTRY_MEMBERS, values, strict=True):
+        object.__setattr__(e, name, value)
+    return e
+
+
+@attrs.define(repr=False)
+class Submission:
+    """An entry with its decoded database row and summary: what its own page shows."""
+
+    entry: Entry
+    row: dict[str, Any]
+    summary: dict[str, Any]  # the row's summary, every member of SUMMARY_KEYS and TASK_KEYS present
+    context: dict[str, Any] | None = None  # its page's Site._submission_context, once prepared
+
+
+#: a task record's members a task's ranking shows (Entry.results)
+RESULT_KEYS = ("final", "measured", "pass_rate")
+#: a summary's and a task record's members a page reads, each None until the row's own replace it
+_NO_SUMMARY: dict[str, Any] = dict.fromkeys(SUMMARY_KEYS)
+_NO_TASK: dict[str, Any] = dict.fromkeys(TASK_KEYS)
+#: the summary's members the CSV/JSON exports show (Entry.facts; ``runner_kind``: its runner's kind)
+EXPORT_FACTS = (
+    "macro_mean", "coverage_complete", "missing", "started", "finished", "release", "official_episode_counts",
+    "run_id", "ciphertext_sha256", "merkle_root",
+)  # fmt: skip
+
+
+def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any]) -> Submission:
+    """A decoded database row (``digest``: its :func:`_row_digest`) as its entry and page see it."""
     if not _SAFE_ID.match(str(row["id"])):
         raise ExportError(f"submission id {row['id']!r} cannot name a file")
-    s = {key: None for key in SUMMARY_KEYS} | row["summary"]
-    s["tasks"] = [{key: None for key in TASK_KEYS} | t for t in s["tasks"] or [] if isinstance(t, dict)]
-    agent = s.get("agent") or {}
+    s = _NO_SUMMARY | row["summary"]
+    s["tasks"] = tasks = [_NO_TASK | t for t in s["tasks"] or [] if isinstance(t, dict)]
+    agent = s["agent"] or {}
     declared = agent.get("declared") or {}
-    covered = list(s.get("covered") or [])
-    completed = {t["task"]: t for t in s["tasks"] if t["status"] == "completed" and t["final"] is not None}
+    covered = list(s["covered"] or [])
+    completed = {t["task"]: t for t in tasks if t["status"] == "completed" and t["final"] is not None}
     scores: dict[str, float | None] = {}
     pass_rates: dict[str, float | None] = {}
     coverage: dict[str, tuple[int, int]] = {}
-    categories = s.get("categories") or {}
-    genres = ranking.task_genres(s, covered + list(s.get("missing") or []), specs)
+    categories = s["categories"] or {}
+    genres = ranking.task_genres(s, covered + list(s["missing"] or []), specs)
     for category, *_ in CATEGORIES:
         scores[category] = categories.get(category)
-        in_cat = [completed[r] for r in covered if r in completed and (category == "overall" or genres[r] == category)]
-        episodes = sum(int(t.get("episodes") or 0) for t in in_cat)
-        pass_rates[category] = sum(int(t.get("passed") or 0) for t in in_cat) / episodes if episodes else None
+        episodes = passed = 0
+        for r in covered:
+            if r in completed and (category == "overall" or genres[r] == category):
+                episodes += int(completed[r]["episodes"] or 0)
+                passed += int(completed[r]["passed"] or 0)
+        pass_rates[category] = passed / episodes if episodes else None
         coverage[category] = ranking.coverage(s, category, specs, genres)
     if s.get("pass_rate") is not None:
         pass_rates["overall"] = s["pass_rate"]  # the verifier's own figure
@@ -337,10 +379,13 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
     tokens = None
     if s.get("network_proxy") is not None:
         tokens = (int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
-    return Entry(
+    results: dict[str, dict[str, Any]] = {}
+    for t in tasks:
+        if type(t["task"]) is str and t["task"] not in results:  # a task's ranking names it by its ref
+            results[t["task"]] = {key: t[key] for key in RESULT_KEYS}
+    entry = Entry(
         id=row["id"],
-        row=row,
-        summary=s,
+        digest=digest,
         level=row["level"] or "self_reported",
         received_at=float(row["received_at"]),
         agent=str(agent.get("name") or "(unnamed agent)"),
@@ -364,54 +409,79 @@ def build_entry(row: dict[str, Any], specs: dict[str, Any]) -> Entry:
             for ref in completed
             if (bounds := ranking.stored_bounds(ranking.summary_interval(s, task=ref))) is not None
         },
+        results=results,
+        facts={key: s.get(key) for key in EXPORT_FACTS} | {"runner_kind": (s.get("runner") or {}).get("kind")},
     )
+    return Submission(entry, row, s)
 
 
-def rank(
-    entries: Iterable[Entry],
-    score: Callable[[Entry], float | None],
-    complete: Callable[[Entry], bool] = lambda _e: True,
-    interval: Callable[[Entry], tuple[float, float] | None] = lambda _e: None,
-) -> tuple[list[Entry], list[Entry], dict[str, int]]:
-    """Ranked rows in board order with their ranks by id (:func:`ale_verify.ranking.place`: runs
-    ``complete`` for the board first; runs whose ``interval``s cannot tell them apart share a
-    rank), and revoked ones (unranked, by upload time), as ``GET /api/v1/leaderboard`` has them."""
-    scored = [(e, value) for e in entries if (value := score(e)) is not None]
-    standing = [(e, value) for e, value in scored if not e.revoked]
-    standings = []
-    for e, value in standing:
-        lower, upper = interval(e) or (value, value)
-        standings.append(ranking.Standing(value, lower, upper, complete(e), e.received_at, e.id))
+#: a board: its ranked rows in board order and its revoked rows (unranked, by upload time)
+Board = tuple[list[Entry], list[Entry]]
+
+
+#: a board's rows with a score while it is ranked: the not revoked ones and their standings, the revoked ones
+_Rows = tuple[list[Entry], list[ranking.Standing], list[Entry]]
+
+
+def rank_all(entries: Sequence[Entry], refs: Sequence[str]) -> tuple[dict[str, Board], dict[str, Board]]:
+    """Every category's board and every task's ranking (``refs``), each entry's ranks set, the
+    standings gathered in one pass over the entries (:func:`_standings`), each board placed by
+    :func:`ale_verify.ranking.place` (a category ranks the runs that cover all its required
+    tasks first; runs whose intervals cannot tell them apart share a rank), as ``GET
+    /api/v1/leaderboard`` has them."""
+    cats, tasks = _standings(entries, refs)
+    boards: dict[str, Board] = {}
+    for category, (standing, standings, unranked) in cats.items():
+        ranked, ranks = _placed(standing, standings)
+        for e, r in zip(ranked, ranks, strict=True):
+            e.ranks[category] = r
+        boards[category] = (ranked, sorted(unranked, key=_uploaded))
+    task_boards: dict[str, Board] = {}
+    for ref, (standing, standings, unranked) in tasks.items():
+        ranked, ranks = _placed(standing, standings)
+        for e, r in zip(ranked, ranks, strict=True):
+            e.task_ranks[ref] = r
+        task_boards[ref] = (ranked, sorted(unranked, key=_uploaded))
+    return boards, task_boards
+
+
+def _standings(entries: Sequence[Entry], refs: Sequence[str]) -> tuple[dict[str, _Rows], dict[str, _Rows]]:
+    """Each board's rows with a score (a category's score, a task's final), in the entries' order.
+    A run without a stored interval counts as its score alone."""
+    Standing = ranking.Standing
+    cats: dict[str, _Rows] = {category: ([], [], []) for category, *_ in CATEGORIES}
+    tasks: dict[str, _Rows] = {ref: ([], [], []) for ref in refs}
+    for e in entries:
+        for category, (standing, standings, unranked) in cats.items():
+            value = e.scores[category]
+            if value is None:
+                continue
+            if e.revoked:
+                unranked.append(e)
+                continue
+            lower, upper = e.intervals[category] or (value, value)
+            standing.append(e)
+            standings.append(Standing(value, lower, upper, ranking.complete(e.coverage[category]), e.received_at, e.id))
+        for ref, value in e.finals.items():
+            if (rows := tasks.get(ref)) is None:
+                continue  # not an installed task
+            if e.revoked:
+                rows[2].append(e)
+                continue
+            lower, upper = e.task_intervals.get(ref) or (value, value)
+            rows[0].append(e)
+            rows[1].append(Standing(value, lower, upper, True, e.received_at, e.id))
+    return cats, tasks
+
+
+def _placed(standing: list[Entry], standings: list[ranking.Standing]) -> tuple[list[Entry], list[int]]:
+    """The rows in board order and their ranks (:func:`ale_verify.ranking.place`)."""
     placed = ranking.place(standings)
-    ranked = [standing[i][0] for i, _ in placed]
-    ranks = {standing[i][0].id: r for i, r in placed}
-    revoked = sorted((e for e, _ in scored if e.revoked), key=lambda e: (e.received_at, e.id))
-    return ranked, revoked, ranks
+    return [standing[i] for i, _ in placed], [r for _, r in placed]
 
 
-def category_complete(category: str) -> Callable[[Entry], bool]:
-    """Whether an entry covers every required task of the category (:func:`ale_verify.ranking.complete`)."""
-    return lambda e: ranking.complete(e.coverage[category])
-
-
-def category_score(category: str) -> Callable[[Entry], float | None]:
-    """An entry's score in a leaderboard category, as :func:`rank` takes it."""
-    return lambda e: e.scores[category]
-
-
-def category_interval(category: str) -> Callable[[Entry], tuple[float, float] | None]:
-    """An entry's stored 95% interval in a category, as :func:`rank` takes it."""
-    return lambda e: e.intervals[category]
-
-
-def task_final(ref: str) -> Callable[[Entry], float | None]:
-    """An entry's final score on one task (None where it has none), as :func:`rank` takes it."""
-    return lambda e: e.finals.get(ref)
-
-
-def task_interval(ref: str) -> Callable[[Entry], tuple[float, float] | None]:
-    """An entry's stored 95% interval of its final score on one task, as :func:`rank` takes it."""
-    return lambda e: e.task_intervals.get(ref)
+def _uploaded(e: Entry) -> tuple[float, str]:
+    return e.received_at, e.id
 
 
 # -- markdown ---------------------------------------------------------------------------------
@@ -599,6 +669,27 @@ def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: flo
     }
 
 
+def _board_cells(rows: Sequence[Entry], category: str) -> list[tuple[Any, ...]]:
+    """What a board page's rows show of their entries in ``category``: (entry, coverage, whether
+    the partial runs start at it, rank, score, interval, pass rate, unjudged tasks, pending tasks)."""
+    cells = []
+    partial = False
+    for e in rows:
+        cov = e.coverage[category]
+        divider = not partial and not e.revoked and cov[0] < cov[1]
+        partial = partial or divider
+        rank = None if e.revoked else e.ranks[category]
+        judged = category != "open"  # an open task has no faithfulness gate
+        cells.append((e, cov, divider, rank, e.scores[category], e.intervals[category], e.pass_rates[category],
+                      e.unjudged if judged else (), e.pending if judged else ()))  # fmt: skip
+    return cells
+
+
+def _task_cells(rows: Sequence[Entry], ref: str) -> list[tuple[Any, ...]]:
+    """What a task's ranking shows of its entries: (entry, its task record, rank, interval)."""
+    return [(e, e.results[ref], None if e.revoked else e.task_ranks[ref], e.task_intervals.get(ref)) for e in rows]
+
+
 def _clip(text: str, size: int) -> str:
     return text if len(text) <= size else text[: size - 1] + "…"
 
@@ -679,6 +770,59 @@ class _Template(jinja2.Template):
         return template
 
 
+class _CodeGenerator(jinja2.compiler.CodeGenerator):
+    """Jinja's code generator, but a run of template data and ``{{ }}`` values between two tags is
+    yielded as one string (``concat`` of them) where Jinja yields each piece: the same output, in
+    a third as many yields, each of which passes up the chain of blocks a page extends."""
+
+    def visit_Output(self, node: jinja2.nodes.Output, frame: jinja2.compiler.Frame) -> None:
+        if frame.buffer is not None or frame.require_output_check:
+            super().visit_Output(node, frame)  # a macro's or call block's buffer; outside a block
+            return
+        finalize = self._make_finalize()
+        body = self._output_body(node, frame, finalize)
+        if len(body) == 1:
+            self._output_item(body[0], frame, finalize, "yield ", "")
+            return
+        self.writeline("yield concat((")  # write_commons set `concat` in every root and block function
+        self.indent()
+        for item in body:
+            self._output_item(item, frame, finalize, "", ",")
+        self.outdent()
+        self.writeline("))")
+
+    def _output_body(
+        self, node: jinja2.nodes.Output, frame: jinja2.compiler.Frame, finalize: Any
+    ) -> list[list[Any] | jinja2.nodes.Expr]:
+        """The pieces to output, as Jinja's own visit_Output has them: constants joined at compile time."""
+        body: list[list[Any] | jinja2.nodes.Expr] = []
+        for child in node.nodes:
+            try:
+                if not (finalize.const or isinstance(child, jinja2.nodes.TemplateData)):
+                    raise jinja2.nodes.Impossible()
+                const = self._output_child_to_const(child, frame, finalize)
+            except (jinja2.nodes.Impossible, Exception):
+                body.append(child)
+                continue
+            if body and isinstance(body[-1], list):
+                body[-1].append(const)
+            else:
+                body.append([const])
+        return body
+
+    def _output_item(
+        self, item: list[Any] | jinja2.nodes.Expr, frame: jinja2.compiler.Frame, finalize: Any, pre: str, post: str
+    ) -> None:
+        if isinstance(item, list):
+            self.writeline(pre + self._output_const_repr(item) + post)
+            return
+        self.writeline(pre, item)
+        self._output_child_pre(item, frame, finalize)
+        self.visit(item, frame)
+        self._output_child_post(item, frame, finalize)
+        self.write(post)
+
+
 class Site:
     """Renders the pages into a folder and keeps the file list for the manifest."""
 
@@ -696,6 +840,7 @@ class Site:
         if page_size < 1 or top_n < 1 or jobs < 1:
             raise ExportError("page_size, top_n and jobs must be positive")
         self.out = out
+        self._root = os.fspath(out)  # a page's path is joined as a str: a Path costs more per file
         self.previous = previous  # the previous export's folder and its manifest's files
         self.jobs = jobs
         self.unchanged = 0
@@ -722,6 +867,7 @@ class Site:
             auto_reload=False,  # loaded once per export: no stat of the template per page
         )
         self.env.template_class = _Template
+        self.env.code_generator_class = _CodeGenerator
         self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES)
         # a level's badge, rendered once by its macro: every page shows several
         self.env.globals["badges"] = {
@@ -770,14 +916,14 @@ class Site:
             try:  # the same bytes as the previous export's file: that file, not a rewrite
                 source = self.previous[0] / rel
                 if source.read_bytes() == data:
-                    os.link(source, self.out / rel)
+                    os.link(source, f"{self._root}/{rel}")
                     self.unchanged += 1
                     return
             except OSError:
                 pass  # gone, or another filesystem: write it
         # os.open and one write: a pathlib write_bytes costs several times as much per file, and
         # a site has a page per submission.
-        fd = os.open(self.out / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(f"{self._root}/{rel}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             view = memoryview(data)
             while view:
@@ -853,13 +999,13 @@ class Site:
         listed = self.previous[1].get(rel)
         if listed is None:
             return False
-        source = self.previous[0] / rel
+        source = f"{os.fspath(self.previous[0])}/{rel}"
         try:
             with open(source, "rb") as fh:
                 if hashlib.file_digest(fh, "sha256").hexdigest() != listed[0]:
                     return False  # changed since the manifest was written: render it
             self._folder(rel)
-            os.link(source, self.out / rel)
+            os.link(source, f"{self._root}/{rel}")
         except OSError:
             return False  # gone, or another filesystem: render it
         self.files[rel] = listed
@@ -880,30 +1026,48 @@ class Site:
 
     # the whole site
 
-    def build(self, rows: list[dict[str, Any]]) -> ExportReport:
-        entries = [build_entry(r, self.specs) for r in rows if r["status"] == "accepted"]
-        entries.sort(key=lambda e: (e.received_at, e.id))
-        boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
-        for category, *_ in CATEGORIES:
-            ranked, revoked, ranks = rank(
-                entries, category_score(category), category_complete(category), category_interval(category)
-            )
-            for e in ranked:
-                e.ranks[category] = ranks[e.id]
-            boards[category] = (ranked, revoked)
-        task_boards: dict[str, tuple[list[Entry], list[Entry]]] = {}
-        for task in self.tasks.values():
-            ref = task.spec.ref
-            ranked, revoked, ranks = rank(entries, task_final(ref), interval=task_interval(ref))
-            for e in ranked:
-                e.task_ranks[ref] = ranks[e.id]
-            task_boards[ref] = (ranked, revoked)
+    def submissions(self, rows: Rows, start: int, stop: int) -> list[Submission]:
+        """The rows ``start`` to ``stop`` (of :func:`read_rows`) decoded and built."""
+        return [build_submission(*_decode(rows, i), specs=self.specs) for i in range(start, stop)]
+
+    def build(self, database: db.Where) -> ExportReport:
+        """Every file of the site. With many rows, ``jobs`` forked :class:`_Shards` read and build
+        the entries of a part of the rows each and render their submission pages, while this
+        process ranks the entries they send and renders the rest (:meth:`_run`)."""
         # what the page chrome (base.html) shows; the board adds its counts (not every page's input)
         self.chrome = {
             "version": __version__,
             "release": self.release.release,
             "export_doc": "leaderboard-export" in self.docs,
         }
+        keys = read_keys(database) if self.jobs > 1 else []
+        shards = _Shards(self, database, keys) if len(keys) >= PARALLEL_FROM else None
+        try:
+            rows = read_rows(database) if shards is None else None
+            own = [] if rows is None else self.submissions(rows, 0, len(rows.rows))
+            entries = shards.entries() if shards is not None else [sub.entry for sub in own]
+            ranked = self._build(entries, own, shards)
+        finally:
+            if shards is not None:
+                shards.close()
+        self._manifest()
+        return ExportReport(
+            directory=self.out,
+            files=len(self.files),
+            pages=self.pages,
+            bytes=sum(size for _, size in self.files.values()),
+            submissions=len(entries),
+            ranked=ranked,
+            unchanged=self.unchanged,
+            rendered=self.rendered,
+        )
+
+    def _build(self, entries: list[Entry], own: list[Submission], shards: _Shards | None) -> int:
+        """Rank the entries and render every page; the rows ranked on the Overall tab."""
+        entries.sort(key=_uploaded)
+        boards, task_boards = rank_all(entries, [task.spec.ref for task in self.tasks.values()])
+        if shards is not None:
+            shards.render()  # the workers render their submission pages meanwhile
         self.board_site = self.chrome | {
             "submissions": len(entries),
             "latest": max((e.received_at for e in entries), default=None),
@@ -916,20 +1080,29 @@ class Site:
                 category, label, first, stem, *boards[category], unscored=unscored if category == "overall" else []
             )
         work += self._tasks(task_boards)
-        work += self._docs()
-        work += [lambda e=e: self._submission(e) for e in entries]  # type: ignore[misc]
+        if shards is None:
+            work += self._docs()
+            work += [lambda sub=sub: self._submission(sub) for sub in own]  # type: ignore[misc]
         self._run(work)
-        self._manifest()
-        return ExportReport(
-            directory=self.out,
-            files=len(self.files),
-            pages=self.pages,
-            bytes=sum(size for _, size in self.files.values()),
-            submissions=len(entries),
-            ranked=len(boards["overall"][0]),
-            unchanged=self.unchanged,
-            rendered=self.rendered,
-        )
+        if shards is not None:
+            shards.collect()
+        return len(boards["overall"][0])
+
+    def _counts(self) -> tuple[dict[str, tuple[str, int]], dict[str, str], int, int, int]:
+        """What a worker sends back: the files it wrote, the pages' input digests, its counts."""
+        return self.files, self.inputs, self.pages, self.unchanged, self.rendered
+
+    def _reset(self) -> None:
+        """In a forked worker: count only what it writes."""
+        self.files, self.inputs, self.pages, self.unchanged, self.rendered = {}, {}, 0, 0, 0
+
+    def _add(self, counts: tuple[dict[str, tuple[str, int]], dict[str, str], int, int, int]) -> None:
+        files, inputs, pages, unchanged, rendered = counts
+        self.files.update(files)
+        self.inputs.update(inputs)
+        self.pages += pages
+        self.unchanged += unchanged
+        self.rendered += rendered
 
     def _run(self, work: list[Callable[[], None]]) -> None:
         """Run every item of ``work`` (each renders pages or writes files): in ``jobs`` forked
@@ -940,8 +1113,7 @@ class Site:
             for item in work:
                 item()
             return
-        for folder in ("submissions", "tasks", "docs"):
-            self._folder(f"{folder}/x")
+        self._folders_made()
         global _WORK
         _WORK = (self, work)
         step = max(1, len(work) // (self.jobs * 8))
@@ -949,15 +1121,16 @@ class Site:
         gc.freeze()  # the forked workers share this process's objects without touching them
         try:
             with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-                for files, inputs, pages, unchanged, rendered in pool.map(_run_chunk, chunks):
-                    self.files.update(files)
-                    self.inputs.update(inputs)
-                    self.pages += pages
-                    self.unchanged += unchanged
-                    self.rendered += rendered
+                for counts in pool.map(_run_chunk, chunks):
+                    self._add(counts)
         finally:
             _WORK = None
             gc.unfreeze()
+
+    def _folders_made(self) -> None:
+        """Before a fork: the folders the workers write into (each would make them otherwise)."""
+        for folder in ("submissions", "tasks", "docs", "schemas"):
+            self._folder(f"{folder}/x")
 
     def _board(
         self, category: str, label: str, first: str, stem: str, ranked: list[Entry], revoked: list[Entry],
@@ -975,6 +1148,7 @@ class Site:
             self.page(
                 _page_name(first, stem, number),
                 "board.html",
+                derive=lambda: {"cells": _board_cells(chunk, category)},
                 title=f"{label} leaderboard" + (f" (page {number})" if number > 1 else ""),
                 section="board",
                 site=self.board_site,
@@ -991,44 +1165,72 @@ class Site:
 
         return [lambda n=n, c=c: render(n, c) for n, c in enumerate(pages, start=1)]  # type: ignore[misc]
 
-    def _submission(self, e: Entry) -> None:
+    def _submission(self, sub: Submission) -> None:
+        e = sub.entry
         self.page(
             e.href,
             "submission.html",
-            derive=lambda: self._submission_context(e),
+            derive=lambda: (
+                (self._submission_context(sub) if sub.context is None else sub.context)
+                | {"ranks": {category: e.ranks.get(category) for category, *_ in CATEGORIES}}
+            ),
             title=f"{e.agent}: submission {e.id}",
             section="board",
             site=self.chrome,
             e=e,
         )
 
-    def _submission_context(self, e: Entry) -> dict[str, Any]:
-        """What a submission's page shows of its entry, prepared (from the entry and the tasks alone)."""
-        s = e.summary
-        history = sorted(e.row.get("history") or [], key=lambda h: h["seq"])
+    def prepare(self, part: list[Submission], arrived: Callable[[], bool]) -> None:
+        """Until ``arrived()`` (the ranks, in a shard worker): the page context of each submission
+        whose page will be rendered whatever its ranks (the previous export has no digest of it),
+        so that its page needs only its rendering once they are there."""
+        for i, sub in enumerate(part):
+            if i % 32 == 0 and arrived():
+                return
+            if sub.entry.href not in self.previous_inputs:
+                sub.context = self._submission_context(sub)
+
+    def _submission_context(self, sub: Submission) -> dict[str, Any]:
+        """What a submission's page shows of its row, prepared (from the row and the tasks alone,
+        not its ranks): what a template would read by a method call, a test or a loop counter is
+        read here."""
+        e, s = sub.entry, sub.summary
+        history = sorted(sub.row.get("history") or [], key=lambda h: h["seq"])
         revocation = next((h for h in reversed(history) if h.get("to_level") == "revoked"), None)
         tasks = []
-        for t in s.get("tasks") or []:
+        for n, t in enumerate(s.get("tasks") or [], start=1):
             ref = str(t.get("task"))
             task_id = ref.partition("@")[0]
             known = task_id in self.tasks and self.tasks[task_id].spec.ref == ref
+            ended = t["ended"]
             tasks.append({**t, "href": f"../tasks/{task_id}.html" if known else None,
                           "title": self.tasks[task_id].spec.title if known else None,
-                          "verdict": _verdict(t.get("judgement") or {}),
-                          "interval": e.task_intervals.get(t.get("task"))})  # fmt: skip
+                          "verdict": _verdict(t.get("judgement") or {}) if t["judgement"] else _NO_VERDICT,
+                          "interval": e.task_intervals.get(t.get("task")), "n": n,
+                          "ended_in": (ended.get("phase"), ended.get("category"))
+                          if isinstance(ended, Mapping) else None})  # fmt: skip
+        missing = list(s["missing"] or [])
         return {
             "s": s,
             "tasks": tasks,
+            "judged": any(t["judgement"] for t in tasks),
+            "stats": [
+                (cat, text, first, e.scores[cat], e.intervals[cat], e.pass_rates[cat], e.coverage[cat])
+                for cat, text, first, _ in CATEGORIES
+            ],
+            "coverage": e.coverage["overall"],
+            "missing": [(ref, i == len(missing) - 1) for i, ref in enumerate(missing)],
+            "attestation": _attestation(s),
             "history": history,
             "revocation": revocation,
-            "notes": e.row.get("reasons") or [],
+            "notes": sub.row.get("reasons") or [],
             "declared": sorted(
                 ((s.get("agent") or {}).get("declared") or {}).items(),
                 key=lambda kv: (kv[0] not in ("model", "effort"), kv[0] != "model", kv[0]),
             ),
         }
 
-    def _tasks(self, task_boards: dict[str, tuple[list[Entry], list[Entry]]]) -> list[Callable[[], None]]:
+    def _tasks(self, task_boards: dict[str, Board]) -> list[Callable[[], None]]:
         summaries = []
         work: list[Callable[[], None]] = []
         for task_id, task in sorted(self.tasks.items()):
@@ -1060,6 +1262,7 @@ class Site:
                 self.page(
                     _page_name(f"tasks/{task_id}.html", task_id, number),
                     "task.html",
+                    derive=lambda: {"cells": _task_cells(chunk, info["spec"].ref)},
                     title=info["spec"].title + (f" (page {number})" if number > 1 else ""),
                     section="tasks",
                     site=self.chrome,
@@ -1110,9 +1313,7 @@ class Site:
 
     # exports
 
-    def _export_rows(
-        self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]
-    ) -> list[dict[str, Any]]:
+    def _export_rows(self, entries: list[Entry], boards: dict[str, Board]) -> list[dict[str, Any]]:
         position = {e.id: i for i, e in enumerate(boards["overall"][0])}  # the Overall tab's order
 
         def order(e: Entry) -> tuple[Any, ...]:
@@ -1121,59 +1322,61 @@ class Site:
 
         out = []
         for e in sorted(entries, key=order):
-            s = e.summary
+            s = e.facts
             covered, required = e.coverage["overall"]
-            out.append(
-                {
-                    "submission_id": e.id,
-                    "url": e.href,
-                    "agent": e.agent,
-                    "model": e.model,
-                    "effort": e.effort,
-                    "level": e.level,
-                    "revoked": e.revoked,
-                    **{
-                        column: value
-                        for category, *_ in CATEGORIES
-                        for column, value in (
-                            (f"rank_{category}", e.ranks.get(category)),
-                            (f"score_{category}", e.scores[category]),
-                            (f"lower_{category}", (e.intervals[category] or (None, None))[0]),
-                            (f"upper_{category}", (e.intervals[category] or (None, None))[1]),
-                        )
-                    },
-                    "macro_mean": s.get("macro_mean"),
-                    "pass_rate": e.pass_rates["overall"],
-                    "pass_rate_reproduction": e.pass_rates["reproduction"],
-                    "pass_rate_open": e.pass_rates["open"],
-                    "covered": covered,
-                    "required": required,
-                    "coverage_complete": bool(s.get("coverage_complete")),
-                    "missing": list(s.get("missing") or []),
-                    "runtime_s": None if e.runtime_s is None else round(e.runtime_s, 6),
-                    "input_tokens": e.tokens[0] if e.tokens else None,
-                    "output_tokens": e.tokens[1] if e.tokens else None,
-                    "tokens_source": "network_proxy" if e.tokens else None,
-                    "received_at": _iso(e.received_at),
-                    "started": s.get("started"),
-                    "finished": s.get("finished"),
-                    "release": s.get("release"),
-                    "official_episode_counts": bool(s.get("official_episode_counts")),
-                    "runner_kind": (s.get("runner") or {}).get("kind"),
-                    "run_id": s.get("run_id"),
-                    "ciphertext_sha256": s.get("ciphertext_sha256"),
-                    "merkle_root": s.get("merkle_root"),
-                    **{state: list(e.in_state(state)) for state in JUDGEMENT_COLUMNS},
-                    "judged_by": [
-                        f"{ref}={_judged_by(j)}" for ref, j in sorted(e.judgements.items()) if j["judged_by"]
-                    ],
-                    "task_finals": dict(sorted(e.finals.items())),
-                    "task_judgements": dict(sorted(e.judgements.items())),
-                }
-            )
+            row: dict[str, Any] = {
+                "submission_id": e.id,
+                "url": e.href,
+                "agent": e.agent,
+                "model": e.model,
+                "effort": e.effort,
+                "level": e.level,
+                "revoked": e.revoked,
+            }
+            for category, *_ in CATEGORIES:
+                lower, upper = e.intervals[category] or (None, None)
+                row[f"rank_{category}"] = e.ranks.get(category)
+                row[f"score_{category}"] = e.scores[category]
+                row[f"lower_{category}"] = lower
+                row[f"upper_{category}"] = upper
+            states: dict[str, list[str]] = {state: [] for state in JUDGEMENT_COLUMNS}
+            judged_by = []
+            for ref, j in sorted(e.judgements.items()):
+                if j["state"] in states:
+                    states[j["state"]].append(ref)
+                if j["judged_by"]:
+                    judged_by.append(f"{ref}={_judged_by(j)}")
+            row |= {
+                "macro_mean": s["macro_mean"],
+                "pass_rate": e.pass_rates["overall"],
+                "pass_rate_reproduction": e.pass_rates["reproduction"],
+                "pass_rate_open": e.pass_rates["open"],
+                "covered": covered,
+                "required": required,
+                "coverage_complete": bool(s["coverage_complete"]),
+                "missing": list(s["missing"] or []),
+                "runtime_s": None if e.runtime_s is None else round(e.runtime_s, 6),
+                "input_tokens": e.tokens[0] if e.tokens else None,
+                "output_tokens": e.tokens[1] if e.tokens else None,
+                "tokens_source": "network_proxy" if e.tokens else None,
+                "received_at": _iso(e.received_at),
+                "started": s["started"],
+                "finished": s["finished"],
+                "release": s["release"],
+                "official_episode_counts": bool(s["official_episode_counts"]),
+                "runner_kind": s["runner_kind"],
+                "run_id": s["run_id"],
+                "ciphertext_sha256": s["ciphertext_sha256"],
+                "merkle_root": s["merkle_root"],
+                **states,
+                "judged_by": judged_by,
+                "task_finals": dict(sorted(e.finals.items())),
+                "task_judgements": dict(sorted(e.judgements.items())),
+            }
+            out.append(row)
         return out
 
-    def _exports(self, entries: list[Entry], boards: dict[str, tuple[list[Entry], list[Entry]]]) -> None:
+    def _exports(self, entries: list[Entry], boards: dict[str, Board]) -> None:
         rows = self._export_rows(entries, boards)
         doc = {
             "schema": EXPORT_SCHEMA,
@@ -1187,8 +1390,14 @@ class Site:
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\r\n")
         writer.writerow(CSV_COLUMNS)
+        texts = [i for i, name in enumerate(CSV_COLUMNS) if name in _TEXT_COLUMNS]
         for r in rows:
-            writer.writerow([_csv_cell(name, r[name]) for name in CSV_COLUMNS])
+            # None, str, int and float are written as the csv module writes them (None empty, a
+            # float by its repr): as _csv_cell does; the rest (bool, list, ...) by _csv_cell
+            cells = [v if type(v) in _CSV_AS_IS else _csv_cell(v) for v in map(r.__getitem__, CSV_COLUMNS)]
+            for i in texts:
+                cells[i] = _csv_text(r[CSV_COLUMNS[i]])
+            writer.writerow(cells)
         self.write("leaderboard.csv", buf.getvalue().encode("utf-8"))
 
     def _manifest(self) -> None:
@@ -1197,7 +1406,8 @@ class Site:
         self.write(MANIFEST, (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode())
 
 
-#: from this many work items (pages, mostly) on, they are run by worker processes (Site.jobs)
+#: from this many submissions on, shard workers build them and render their pages (_Shards); from
+#: this many other work items (pages, mostly) on, worker processes run them (Site._run)
 PARALLEL_FROM = 200
 #: what forked workers run: (site, work items), set by Site._run around the fork
 _WORK: tuple[Site, list[Callable[[], None]]] | None = None
@@ -1210,10 +1420,115 @@ def _run_chunk(
     the counts (pages, unchanged files, pages rendered)."""
     assert _WORK is not None, "a worker forked from Site._run"
     site, work = _WORK
-    site.files, site.inputs, site.pages, site.unchanged, site.rendered = {}, {}, 0, 0, 0
+    site._reset()
     for item in work[bounds[0] : bounds[1]]:
         item()
-    return site.files, site.inputs, site.pages, site.unchanged, site.rendered
+    return site._counts()
+
+
+#: what a forked shard worker reads: (site, database), set by _Shards around the fork
+_SHARD: tuple[Site, db.Where] | None = None
+
+
+class _Shards:
+    """Forked worker processes, one per contiguous part of the rows (inherited, never pickled).
+    Each builds its part's submissions and sends their entries (:meth:`entries`); the last one
+    then renders the docs; once sent its entries' ranks (:meth:`render`) each renders its
+    submission pages and sends back what the manifest needs (:meth:`collect`). So the decoding of
+    the rows, the submissions' pages and the links of their unchanged files are split between the
+    workers, and only entries and ranks cross between processes."""
+
+    def __init__(self, site: Site, database: db.Where, keys: list[Key]) -> None:
+        self.site = site
+        n = len(keys)
+        jobs = max(1, min(site.jobs, n))
+        # each reads the rows from its first key on, up to the next one's (the first and last
+        # open-ended: a row uploaded meanwhile is in exactly one part)
+        bounds = [(keys[n * k // jobs] if k else None, keys[n * (k + 1) // jobs] if k < jobs - 1 else None)
+                  for k in range(jobs)]  # fmt: skip
+        site._folders_made()
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.conns: list[Connection] = []
+        self.parts: list[list[Entry]] = []
+        context = multiprocessing.get_context("fork")
+        global _SHARD
+        _SHARD = (site, database)
+        try:
+            for k, (start, stop) in enumerate(bounds):
+                ours, theirs = context.Pipe()
+                proc = context.Process(target=_shard_main, args=(theirs, start, stop, k == jobs - 1), daemon=True)
+                proc.start()
+                theirs.close()
+                self.procs.append(proc)
+                self.conns.append(ours)
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            _SHARD = None
+
+    def entries(self) -> list[Entry]:
+        """Every worker's entries, in the rows' order."""
+        self.parts = [self._receive(k, "entries") for k in range(len(self.conns))]
+        return [e for part in self.parts for e in part]
+
+    def render(self) -> None:
+        """Send each worker its entries' ranks (set on the entries it sent)."""
+        for conn, part in zip(self.conns, self.parts, strict=True):
+            conn.send([(e.ranks, e.task_ranks) for e in part])
+
+    def collect(self) -> None:
+        """Add each worker's files, page digests and counts to the site's."""
+        for k in range(len(self.conns)):
+            self.site._add(self._receive(k, "pages"))
+        for proc in self.procs:
+            proc.join()
+
+    def _receive(self, k: int, what: str) -> Any:
+        try:
+            kind, value = self.conns[k].recv()
+        except EOFError:
+            self.procs[k].join()
+            raise ExportError(
+                f"export worker {k} ended (exit status {self.procs[k].exitcode}) before it sent its {what}"
+            ) from None
+        if kind == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+            proc.join()
+        for conn in self.conns:
+            conn.close()
+
+
+def _shard_main(conn: Connection, start: Key | None, stop: Key | None, docs: bool) -> None:
+    """A shard worker (:class:`_Shards`): errors are sent, not printed."""
+    assert _SHARD is not None, "a worker forked by _Shards"
+    site, database = _SHARD
+    site._reset()
+    try:
+        rows = read_rows(database, start, stop)
+        part = site.submissions(rows, 0, len(rows.rows))
+        conn.send(("entries", [sub.entry for sub in part]))
+        if docs:
+            site._docs_pages()
+        site.prepare(part, conn.poll)  # while the exporting process ranks the entries
+        for sub, (ranks, task_ranks) in zip(part, conn.recv(), strict=True):
+            sub.entry.ranks, sub.entry.task_ranks = ranks, task_ranks
+        for sub in part:
+            site._submission(sub)
+        conn.send(("pages", site._counts()))
+    except BaseException as exc:
+        try:
+            conn.send(("error", exc))
+        except Exception:  # an exception that does not pickle: its text
+            conn.send(("error", ExportError(f"{type(exc).__name__}: {exc}")))
+    finally:
+        conn.close()
 
 
 def _context_value(value: Any) -> Any:
@@ -1242,17 +1557,68 @@ _TEXT_COLUMNS = frozenset({"agent", "model", "effort"})
 #: what a submission's page shows of a task's judgement (absent: None), and of the bundle's own verdict
 VERDICT_KEYS = ("status", "faithful", "source", "judge_key_id", "judge_model", "input_sha256", "rationale")
 CLAIMED_KEYS = ("outcome", "faithful", "judge_model", "signature")
-FINDING_KEYS = ("item", "kind", "satisfied", "evidence")
 
 
 def _verdict(judgement: dict[str, Any]) -> dict[str, Any]:
-    """A task's judgement with every key its page reads (absent: None), the bundle's own verdict
-    (``claimed``) and each finding alike: read by key in the template, no ``.get()`` call per value."""
+    """A task's judgement with every key its page reads (absent: None) and the bundle's own verdict
+    (``claimed``) alike, read by key in the template, no ``.get()`` call per value; each finding
+    as the tuple of its item, kind, satisfied and evidence."""
     claimed = judgement.get("claimed") or {}
     return {
         **{k: judgement.get(k) for k in VERDICT_KEYS},
         "claimed": {k: claimed.get(k) for k in CLAIMED_KEYS},
-        "findings": [{k: f.get(k) for k in FINDING_KEYS} for f in judgement.get("findings") or ()],
+        "findings": [
+            (f.get("item"), f.get("kind"), f.get("satisfied"), f.get("evidence"))
+            for f in judgement.get("findings") or ()
+        ],
+    }
+
+
+#: the verdict of a task without a judgement (what _verdict gives for none), shared
+_NO_VERDICT = _verdict({})
+
+#: how a submission's page names the members of its runtime attestation's code digest
+CODE_NAMES = {
+    "kind": "Attestation kind", "note": "Note", "code_sha256": "Code SHA-256",
+    "dependency_lock_sha256": "Dependency lock SHA-256", "python": "Python",
+    "evaluator_image_sha256": "Evaluator image SHA-256", "agent_image_sha256": "Agent image SHA-256",
+    "images_lock_sha256": "Images lock SHA-256",
+}  # fmt: skip
+
+
+def _signer(provenance: dict[str, Any]) -> Any:
+    """The first 16 characters of the runner key that signed an image's provenance ('' for none)."""
+    return ((provenance.get("signed_by") or {}).get("key_id") or "")[:16]
+
+
+def _attestation(s: dict[str, Any]) -> dict[str, Any]:
+    """What a submission's page shows of its runtime attestation, images, their provenance and its
+    runner's signature (each image and code member in key order, as Jinja's ``dictsort`` has it),
+    read from the summary as the page's template did."""
+    rt = s["runtime"] or {}
+    engine = rt.get("engine")
+    ran = (rt.get("images") or {}).get("images") or {}
+    images = jinja2.filters.do_dictsort(ran)
+    provenance = jinja2.filters.do_dictsort(s["image_provenance"] or {}) if ran else []
+    runner = s["runner"]
+    return {
+        "runtime": rt.get("runtime"),
+        "sandbox": rt.get("sandbox"),
+        "engine": (engine.get("name"), engine.get("version"), engine.get("server"), engine.get("oci_runtime"))
+        if engine
+        else None,
+        "images": [(name, entry.get("digest"), i == len(images) - 1) for i, (name, entry) in enumerate(images)],
+        "provenance": [
+            (name, p.get("status"), _signer(p), p.get("message"), p.get("reason"), i == len(provenance) - 1)
+            for i, (name, p) in enumerate(provenance)
+        ],
+        "code": [
+            (key, CODE_NAMES.get(key), key.endswith("sha256"), value)
+            for key, value in jinja2.filters.do_dictsort(rt.get("code") or {})
+        ],
+        "runner": (runner.get("label"), str(runner.get("kind") or "").replace("_", " "), runner.get("key_id"))
+        if runner
+        else None,
     }
 
 
@@ -1265,7 +1631,7 @@ def _judged_by(judgement: dict[str, Any]) -> str:
     return f"verifier:{model}"
 
 
-def _csv_cell(name: str, value: Any) -> str:
+def _csv_cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):
@@ -1274,10 +1640,19 @@ def _csv_cell(name: str, value: Any) -> str:
         return repr(value)
     if isinstance(value, list):
         return ";".join(map(str, value))
-    text = str(value)
-    if name in _TEXT_COLUMNS and text[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        text = "'" + text  # a spreadsheet must not run a submitter's text as a formula
-    return text
+    return str(value)
+
+
+#: the types whose CSV cell is what the csv module writes for them (None: empty; float: its repr)
+_CSV_AS_IS = frozenset({str, int, float, type(None)})
+
+
+def _csv_text(value: Any) -> str:
+    """A submitter's text in a cell: a spreadsheet must not run it as a formula."""
+    text = _csv_cell(value)
+    if value is None or isinstance(value, bool | float | list):
+        return text
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 # -- entry point ------------------------------------------------------------------------------
@@ -1347,21 +1722,75 @@ def _previous(out: Path) -> tuple[Path, dict[str, tuple[str, int]]] | None:
     return out, listed
 
 
-def accepted_submissions(database: db.Where) -> list[dict[str, Any]]:
-    """The accepted submissions with their audit history, as :func:`ale_verify.db.all_submissions`
-    gives every submission: the rejected ones never reach a page, and the JSON columns, the
-    verifier's own writing, are decoded by orjson (several times faster; :mod:`json` for what
-    orjson refuses, a NaN)."""
+@attrs.frozen
+class Rows:
+    """The accepted submissions as the database gives them, not decoded yet (:func:`_decode`)."""
+
+    names: tuple[str, ...]  # the columns
+    rows: list[Sequence[Any]]  # in upload order
+    history: dict[str, list[dict[str, Any]]]  # each submission's audit log rows, in order
+
+
+#: a submission's place in upload order: (received_at, id)
+Key = tuple[float, str]
+
+
+def read_keys(database: db.Where) -> list[Key]:
+    """The accepted submissions' keys, in upload order."""
     with db.connect(database) as s:
-        rows = s.rows("SELECT * FROM submissions WHERE status = ? ORDER BY received_at, id", ["accepted"])
-        history = s.rows("SELECT * FROM audit_log ORDER BY seq")
+        cursor = s.execute(
+            "SELECT received_at, id FROM submissions WHERE status = ? ORDER BY received_at, id", ["accepted"]
+        )
+        return [(at, ident) for at, ident in cursor.fetchall()]
+
+
+def read_rows(database: db.Where, start: Key | None = None, stop: Key | None = None) -> Rows:
+    """The accepted submissions (those from ``start`` on and before ``stop``, in upload order)
+    and their audit history, not decoded."""
+    where, params = "s.status = ?", list[Any](["accepted"])
+    if start is not None:
+        where += " AND (s.received_at > ? OR (s.received_at = ? AND s.id >= ?))"
+        params += [start[0], start[0], start[1]]
+    if stop is not None:
+        where += " AND (s.received_at < ? OR (s.received_at = ? AND s.id < ?))"
+        params += [stop[0], stop[0], stop[1]]
+    with db.connect(database) as s:
+        cursor = s.execute(f"SELECT * FROM submissions s WHERE {where} ORDER BY s.received_at, s.id", params)
+        names = tuple(d[0] for d in cursor.description)
+        rows = cursor.fetchall()
+        history = s.rows(
+            f"SELECT a.* FROM audit_log a JOIN submissions s ON s.id = a.submission_id WHERE {where} ORDER BY a.seq",
+            params,
+        )
     by_id: dict[str, list[dict[str, Any]]] = {}
     for h in history:
         by_id.setdefault(h["submission_id"], []).append(h)
-    return [
-        {**r, "reasons": _loads(r["reasons"]), "summary": _loads(r["summary"]), "history": by_id.get(r["id"], [])}
-        for r in rows
-    ]
+    return Rows(names, rows, by_id)
+
+
+def _decode(rows: Rows, i: int) -> tuple[dict[str, Any], str]:
+    """Row ``i`` with its JSON columns decoded (by orjson, several times faster: the verifier's
+    own writing; :mod:`json` for what orjson refuses, a NaN) and its history, as
+    :func:`ale_verify.db.all_submissions` gives it, and its digest (:func:`_row_digest`)."""
+    raw = rows.rows[i]
+    row = dict(zip(rows.names, raw, strict=True))
+    history = rows.history.get(row["id"], [])
+    digest = _row_digest(rows.names, raw, history)
+    return {**row, "reasons": _loads(row["reasons"]), "summary": _loads(row["summary"]), "history": history}, digest
+
+
+def _row_digest(names: Sequence[str], raw: Sequence[Any], history: list[dict[str, Any]]) -> str:
+    """SHA-256 of a submission's whole database row as read (its JSON columns as stored text) and
+    of its audit history: what every member of its entry and every line of its page derive from."""
+    data = orjson.dumps([names, raw, history], default=_json_fallback, option=_ORJSON)
+    return hashlib.sha256(data).hexdigest()
+
+
+def accepted_submissions(database: db.Where) -> list[dict[str, Any]]:
+    """The accepted submissions with their audit history, as :func:`ale_verify.db.all_submissions`
+    gives every submission: the rejected ones never reach a page."""
+    rows = read_rows(database)
+    return [_decode(rows, i)[0] for i in range(len(rows.rows))]
 
 
 def _loads(text: str | bytes) -> Any:
@@ -1394,8 +1823,7 @@ def export_site(
     enabled = gc.isenabled()
     gc.disable()  # a site's data is many small objects and no cycles: collecting finds nothing
     try:
-        rows = accepted_submissions(database)
-        report, inputs = _build(rows, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n, jobs=jobs)
+        report, inputs = _build(database, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n, jobs=jobs)
     finally:
         if enabled:
             gc.enable()
@@ -1407,7 +1835,7 @@ def export_site(
 
 
 def _build(
-    rows: list[dict[str, Any]], out: Path, *, docs_dir: Path | None, page_size: int, top_n: int, jobs: int | None
+    database: db.Where, out: Path, *, docs_dir: Path | None, page_size: int, top_n: int, jobs: int | None
 ) -> tuple[ExportReport, dict[str, str]]:
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = _previous(out)
@@ -1418,7 +1846,7 @@ def _build(
         workers = jobs if jobs is not None else max(1, min(8, len(os.sched_getaffinity(0))))
         site = Site(stage, docs_dir=docs_dir, page_size=page_size, top_n=top_n, previous=previous,
                     previous_inputs=previous_inputs, jobs=workers)  # fmt: skip
-        report = site.build(rows)
+        report = site.build(database)
         if out.exists():
             old = out.with_name(f".{out.name}.old-{secrets.token_hex(4)}")
             os.replace(out, old)

@@ -21,40 +21,38 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
-
-import attrs
+from typing import Any, NamedTuple, TypeGuard
 
 CATEGORIES = ("overall", "reproduction", "open")
 
 
 def genre_of(ref: str, summary: Mapping[str, Any], specs: Mapping[str, Any]) -> str | None:
-    """A task's genre: from the submission's own task records, else the installed task's spec."""
-    info = (summary.get("task_info") or {}).get(ref) or {}
-    if info.get("genre"):
-        return str(info["genre"])
-    for t in summary.get("tasks") or []:
-        if isinstance(t, Mapping) and t.get("task") == ref and t.get("genre"):
-            return str(t["genre"])
-    spec = specs.get(ref)
-    return spec.genre if spec is not None else None
+    """A task's genre: from the submission's own task records, else the installed task's spec
+    (:func:`task_genres` of the one ref)."""
+    return task_genres(summary, (ref,), specs)[ref]
 
 
 def task_genres(summary: Mapping[str, Any], refs: Iterable[Any], specs: Mapping[str, Any]) -> dict[Any, str | None]:
-    """:func:`genre_of` for each of ``refs``, reading the summary's task records once."""
+    """Each of ``refs``' genre, the summary's task records read once: its ``task_info`` entry's,
+    else the first task record of it with a genre, else the installed task's spec (None: unknown)."""
     info = summary.get("task_info") or {}
-    recorded: dict[str, Any] = {}  # a task's first record with a genre
-    for t in summary.get("tasks") or []:
-        if isinstance(t, Mapping) and type(ref := t.get("task")) is str and t.get("genre"):
+    tasks = summary.get("tasks") or []
+    recorded: dict[str, Any] = {}  # a str ref's first task record with a genre
+    for t in tasks:
+        if (type(t) is dict or isinstance(t, Mapping)) and type(ref := t.get("task")) is str and t.get("genre"):
             recorded.setdefault(ref, t["genre"])
     genres: dict[Any, str | None] = {}
     for ref in refs:
-        if type(ref) is not str:  # not a ref of a task: genre_of's own reading
-            genres[ref] = genre_of(ref, summary, specs)
-        elif (known := info.get(ref) or {}).get("genre"):
+        if (known := info.get(ref) or {}).get("genre"):
             genres[ref] = str(known["genre"])
-        elif ref in recorded:
-            genres[ref] = str(recorded[ref])
+            continue
+        if type(ref) is str:
+            found = recorded.get(ref)
+        else:  # not a ref of a task (a hostile summary): the first record whose task equals it
+            found = next((t["genre"] for t in tasks if isinstance(t, Mapping) and t.get("task") == ref
+                          and t.get("genre")), None)  # fmt: skip
+        if found is not None:
+            genres[ref] = str(found)
         else:
             spec = specs.get(ref)
             genres[ref] = spec.genre if spec is not None else None
@@ -83,16 +81,16 @@ def summary_interval(summary: Mapping[str, Any], *, category: str | None = None,
     """The stored 95% interval (``{"lower", "upper"}``) of a category's score or of a task's final
     in a submission's summary, or None (an older row, or nothing there)."""
     intervals = summary.get("intervals")
-    if not isinstance(intervals, Mapping):
+    if not _mapping(intervals):
         return None
     where = intervals.get("categories") if task is None else intervals.get("tasks")
-    return where.get(category if task is None else task) if isinstance(where, Mapping) else None
+    return where.get(category if task is None else task) if _mapping(where) else None
 
 
 def stored_bounds(interval: Any) -> tuple[float, float] | None:
     """``(lower, upper)`` of a stored interval when it is one (two finite numbers, lower at most
     upper), else None: the board never fails on a row it cannot rank by an interval."""
-    if not isinstance(interval, Mapping):
+    if not _mapping(interval):
         return None
     lower: Any = interval.get("lower")
     upper: Any = interval.get("upper")
@@ -100,6 +98,11 @@ def stored_bounds(interval: Any) -> tuple[float, float] | None:
         return None
     low, high = float(lower), float(upper)
     return (low, high) if math.isfinite(low) and math.isfinite(high) and low <= high else None
+
+
+def _mapping(value: Any) -> TypeGuard[Mapping[Any, Any]]:
+    """isinstance(value, Mapping), a dict (a decoded summary's) first: the abstract check costs more."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def _number(value: Any) -> bool:
@@ -112,8 +115,7 @@ def bounds(score: float, interval: Any) -> tuple[float, float]:
     return stored_bounds(interval) or (score, score)
 
 
-@attrs.frozen
-class Standing:
+class Standing(NamedTuple):
     """What places a ranked row: its score and interval, its coverage, its upload and its id."""
 
     score: float
@@ -130,13 +132,9 @@ def place(standings: Sequence[Standing]) -> list[tuple[int, int]]:
     ahead = 0
     for group in (True, False):
         members = [i for i, s in enumerate(standings) if s.complete == group]
-        lowers = sorted(standings[i].lower for i in members)
+        lowers = sorted([standings[i].lower for i in members])
         for i in members:
             ranks[i] = ahead + 1 + len(lowers) - bisect.bisect_right(lowers, standings[i].upper)
         ahead += len(members)
-
-    def key(i: int) -> tuple[Any, ...]:
-        s = standings[i]
-        return (not s.complete, ranks[i], -s.score, s.received_at, s.ident)
-
-    return [(i, ranks[i]) for i in sorted(range(len(standings)), key=key)]
+    keys = [(not s.complete, ranks[i], -s.score, s.received_at, s.ident) for i, s in enumerate(standings)]
+    return [(i, ranks[i]) for i in sorted(range(len(standings)), key=keys.__getitem__)]
