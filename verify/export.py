@@ -430,19 +430,18 @@ def rank_all(entries: Sequence[Entry], refs: Sequence[str]) -> tuple[dict[str, B
     tasks first; runs whose intervals cannot tell them apart share a rank), as ``GET
     /api/v1/leaderboard`` has them."""
     cats, tasks = _standings(entries, refs)
+    return _boards(cats, lambda e: e.ranks), _boards(tasks, lambda e: e.task_ranks)
+
+
+def _boards(rows: dict[str, _Rows], ranks_of: Callable[[Entry], dict[str, int]]) -> dict[str, Board]:
+    """Each board of ``rows`` placed, and each entry's rank on it set (in ``ranks_of(entry)``)."""
     boards: dict[str, Board] = {}
-    for category, (standing, standings, unranked) in cats.items():
+    for key, (standing, standings, unranked) in rows.items():
         ranked, ranks = _placed(standing, standings)
         for e, r in zip(ranked, ranks, strict=True):
-            e.ranks[category] = r
-        boards[category] = (ranked, sorted(unranked, key=_uploaded))
-    task_boards: dict[str, Board] = {}
-    for ref, (standing, standings, unranked) in tasks.items():
-        ranked, ranks = _placed(standing, standings)
-        for e, r in zip(ranked, ranks, strict=True):
-            e.task_ranks[ref] = r
-        task_boards[ref] = (ranked, sorted(unranked, key=_uploaded))
-    return boards, task_boards
+            ranks_of(e)[key] = r
+        boards[key] = (ranked, sorted(unranked, key=_uploaded))
+    return boards
 
 
 def _standings(entries: Sequence[Entry], refs: Sequence[str]) -> tuple[dict[str, _Rows], dict[str, _Rows]]:
