@@ -7,7 +7,8 @@ it byte by byte), with nothing after any of them. So the verifier and the standa
 
 Packing is deterministic for the same files and recipient key: the ustar archive of
 :func:`build_tar` (GNU tar 1.34 writes the same bytes with the flags of docs/formats.md), zstd
-level 19 with a checksum and the content size, then age (X25519) through pyrage. (age uses a
+level 19 with a checksum and the content size, then age (X25519) through pyrage; decryption is
+:mod:`ale.core.age`'s (OpenSSL's ChaCha20-Poly1305, a 64 KiB chunk at a time). (age uses a
 fresh file key each time, so the *ciphertext* differs run to run; the tar and the zstd frame do
 not.)
 
@@ -24,12 +25,13 @@ import base64
 import binascii
 import io
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import attrs
 import pyrage
 import zstandard
 
+from ale.core import age
 from ale.core.reasons import Reason, VerificationError
 
 ALLOWED_FILES = (
@@ -86,6 +88,7 @@ class AgeHeader:
 
 _ARG = re.compile(rb"[\x21-\x7e]+")
 _B64_LINE = 64
+_MAC_B64 = 43  # the MAC line's base64: 32 bytes, unpadded
 
 
 def _b64_canonical(text: bytes, what: str) -> bytes:
@@ -166,16 +169,27 @@ def check_age_header(ciphertext: bytes, limits: Limits) -> AgeHeader:
 def decrypt(ciphertext: bytes, identity: str, limits: Limits) -> bytes:
     """The age payload. age's STREAM marks its last chunk, so bytes after it (a second age
     payload included) fail decryption like any other change."""
+    return b"".join(decrypt_chunks(ciphertext, identity, limits))
+
+
+def decrypt_chunks(ciphertext: bytes, identity: str, limits: Limits) -> Iterator[bytes]:
+    """:func:`decrypt`'s payload a 64 KiB chunk at a time, each authenticated before it is
+    yielded: work on the chunks (decompression) may start before the last one, and must be
+    dropped if this raises. The size, the header and the file key are checked before the first."""
     if len(ciphertext) > limits.max_ciphertext:
         raise BundleError(Reason.TOO_LARGE, f"{len(ciphertext)} bytes; the limit is {limits.max_ciphertext}")
-    check_age_header(ciphertext, limits)
+    header = check_age_header(ciphertext, limits)
     try:
-        key = pyrage.x25519.Identity.from_str(identity)
-    except pyrage.IdentityError:
+        key = age.Identity.from_str(identity)
+    except ValueError:
         raise ValueError("the site identity is not an age X25519 identity") from None  # our bug, not theirs
+    mac_end = header.payload_offset - len(b" \n") - _MAC_B64  # the MAC covers the header up to "---"
     try:
-        return bytes(pyrage.decrypt(ciphertext, [key]))
-    except pyrage.DecryptError as exc:
+        file_key = age.file_key(
+            [(s.args, s.body) for s in header.stanzas], header.mac, memoryview(ciphertext)[:mac_end], key
+        )
+        yield from age.payload_chunks(ciphertext, header.payload_offset, file_key)
+    except age.AgeError as exc:
         raise BundleError(Reason.DECRYPT_FAILED, f"cannot decrypt with the site key: {exc}") from None
 
 
