@@ -4,7 +4,8 @@ Checking a trajectory is CPU-bound Python (parse, canonical form, SHA-256 of eve
 process uses one core. On an upload worker (:mod:`ale_verify.workers`), step 7 starts the
 decompression of ``events.jsonl.zst`` on a thread of a :class:`SharedChainJob` (zstd releases the
 GIL) while it checks the JSON documents: the stream goes into an anonymous in-memory file
-(``memfd_create``: no path, never on disk, freed when closed) and is cut at newlines into chunks of
+(``memfd_create``: no path, never on disk; an upload worker reuses one for every upload, see
+:class:`_Arena`) and is cut at newlines into chunks of
 about ``chunk_bytes`` (a :class:`Span`: where it lies in the memory file). The upload's own worker
 checks its chunks in order; whatever it cannot reach now (every chunk but the one it checks) it
 offers to the pool: the server hands an offered chunk to an idle worker, newest first, which reads
@@ -38,6 +39,45 @@ import attrs
 
 from ale.core.trajectory import ChunkReport, check_chunk
 from ale.core.verify import decompress_events
+
+
+class _Arena:
+    """The memory file a process reuses for one trajectory after another.
+
+    A fresh memory file costs its pages anew for every upload: 46 MB written into a new one take
+    ~22 ms of the decompression thread (the kernel allocates and clears each page), against ~4 ms
+    into pages it already holds, and closing it frees them again (~6 ms). So each worker keeps one
+    file, as large as its largest trajectory so far (at most the trajectory's 64 MiB limit), and
+    a job writes over it from the start. Bytes past a job's own size are an earlier upload's and
+    are never read (every span and :meth:`SharedChainJob.stream` lie within the job's size); a
+    chunk of an ended job that a helper reads after the next job began writing gets checked, but
+    its report names the ended job, and the server and the owner drop it (their job ids differ).
+    One job at a time holds it; a second job in the same process meanwhile gets a file of its own.
+    Only jobs made with ``reuse`` (an upload worker's) use it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._file: tuple[int, str] | None = None
+        self._held = False
+
+    def take(self) -> tuple[int, str] | None:
+        """(descriptor, name) of the arena if no job holds it, else None."""
+        with self._lock:
+            if self._held:
+                return None
+            if self._file is None:
+                name = f"ale-trajectory-{secrets.token_hex(8)}"
+                self._file = (os.memfd_create(name, os.MFD_CLOEXEC), name)
+            self._held = True
+            return self._file
+
+    def give_back(self) -> None:
+        with self._lock:
+            self._held = False
+
+
+_ARENA = _Arena()
 
 #: About this much of the stream (complete lines) makes a chunk: small enough that the last one
 #: after decompression ends is quick, large enough that handing it over is cheap.
@@ -103,14 +143,22 @@ class SharedChainJob:
     """One trajectory: :meth:`start` its decompression (or :meth:`feed` it the decompressed blocks
     in order), then ask for :meth:`reports`."""
 
-    def __init__(self, helpers: Helpers, chunk_bytes: int = CHUNK_BYTES, *, alone: bool = False) -> None:
+    def __init__(
+        self, helpers: Helpers, chunk_bytes: int = CHUNK_BYTES, *, alone: bool = False, reuse: bool = False
+    ) -> None:
         self._helpers = helpers
         #: no other worker can take a chunk: check them while the rest is decompressed (else this
         #: worker leaves the decompression the GIL and offers every chunk, checking only later)
         self._alone = alone
         self._chunk_bytes = max(MIN_CHUNK_BYTES, chunk_bytes)
-        self._name = f"ale-trajectory-{secrets.token_hex(8)}"
-        self._fd: int | None = os.memfd_create(self._name, os.MFD_CLOEXEC)
+        #: with ``reuse``, the process's arena (an upload worker's) if no other job holds it
+        arena = _ARENA.take() if reuse else None
+        self._arena = arena is not None  # (else a file of its own, freed when the job ends)
+        if arena is None:
+            name = f"ale-trajectory-{secrets.token_hex(8)}"
+            arena = (os.memfd_create(name, os.MFD_CLOEXEC), name)
+        self._fd: int | None = arena[0]
+        self._name = arena[1]
         self._size = 0  # bytes written
         self._cut = 0  # where the next chunk starts
         self._last_newline = -1  # offset of the last newline written
@@ -154,9 +202,10 @@ class SharedChainJob:
             raise RuntimeError("the job was cancelled")
         if self._stop:
             raise _Stopped("the job is being cancelled")
-        view = memoryview(block)
+        view, at = memoryview(block), self._size
         while view:
-            view = view[os.write(self._fd, view) :]
+            written = os.pwrite(self._fd, view, at)
+            view, at = view[written:], at + written
         base = self._size
         newline = block.rfind(b"\n")
         if newline >= 0:
@@ -277,17 +326,9 @@ class SharedChainJob:
                 done: tuple[int, ChunkReport] = what
                 self._done.setdefault(*done)
 
-    def keep_memory(self) -> int:
-        """A second descriptor of the job's memory file: its memory then outlives :meth:`cancel`
-        until the caller closes this one. The upload's worker closes it once the verdict is sent,
-        since freeing a trajectory's tens of MB takes milliseconds (the worker's ``_upload``)."""
-        if self._fd is None:
-            raise RuntimeError("the job was cancelled")
-        return os.dup(self._fd)
-
     def cancel(self) -> None:
-        """End the job: its decompression stopped, the in-memory file closed, and freed unless
-        :meth:`keep_memory` holds it (idempotent)."""
+        """End the job: its decompression stopped, and its memory file given back to the arena or
+        closed (idempotent)."""
         self._stop = True
         if self._thread is not None:
             self._thread.join()
@@ -296,6 +337,8 @@ class SharedChainJob:
                 os.close(fd)
             self._signal = (-1, -1)
         if self._fd is not None:
-            # A worker still reading holds its own descriptor; the memory goes with the last one.
-            os.close(self._fd)
+            if self._arena:  # kept for the next job
+                _ARENA.give_back()
+            else:  # a worker still reading holds its own descriptor; the memory goes with the last one
+                os.close(self._fd)
             self._fd = None
