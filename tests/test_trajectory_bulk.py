@@ -36,7 +36,7 @@ from trajectory_reference import reference_verify
 
 from ale.core import trajectory
 from ale.core.canonical import ORJSON_OPTIONS
-from ale.core.trajectory import ChunkReport, _Scan, check_chunk, link_chunks, split_chunks
+from ale.core.trajectory import ChunkReport, _bulk_events, _Scan, check_chunk, link_chunks, split_chunks
 
 _BATCHES = st.sampled_from([1, 300, 4096, 64 * 1024])
 
@@ -244,14 +244,16 @@ def test_fuzz_bulk_agrees_with_the_exact_loop_on_hostile_bytes(
 @pytest.mark.fuzz
 @fuzz_settings
 @given(st.lists(st.tuples(st.dictionaries(st.text(max_size=4), json_values, max_size=4),
-                          st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from([b" ", b"\t", b"\r", b","])),
+                          st.lists(st.tuples(st.integers(0, 10_000),
+                                             st.sampled_from([b" ", b"\t", b"\r", b",", b"\n"])),
                                    max_size=2)), min_size=1, max_size=5))  # fmt: skip
-def test_one_dumps_of_all_lines_equals_their_join_exactly_when_each_line_is_its_own_form(
+def test_the_batch_parsed_as_one_array_writes_back_to_itself_exactly_when_each_line_is_its_own_form(
     items: list[tuple[dict[str, Any], list[tuple[int, bytes]]]],
 ) -> None:
-    """The argument the bulk path rests on: each line parsed alone to an object, one dumps of all
-    of them equals "[" + the lines joined by "," + "]" if and only if every line is its own form
-    (JSON objects are prefix-free)."""
+    """The argument the bulk path rests on: the batch parsed once as "[" + its lines joined by ","
+    + "]", each value written back, the forms joined by newlines (plus the last) equal the batch
+    if and only if every line is one object's own form. Edits insert whitespace, commas and
+    newlines anywhere (a value cut across lines, two values on a line)."""
     lines = []
     for value, inserts in items:
         try:
@@ -262,14 +264,22 @@ def test_one_dumps_of_all_lines_equals_their_join_exactly_when_each_line_is_its_
             position %= len(line) + 1
             line = line[:position] + byte + line[position:]
         lines.append(line)
+    batch = b"\n".join(lines) + b"\n"
     try:
-        events = [orjson.loads(line) for line in lines]
+        events = orjson.loads(b"[" + batch[:-1].replace(b"\n", b",") + b"]")
     except orjson.JSONDecodeError:
-        return
-    if not all(type(event) is dict for event in events):
-        return
-    joined = orjson.dumps(events, option=ORJSON_OPTIONS) == b"[" + b",".join(lines) + b"]"
-    assert joined == all(orjson.dumps(e, option=ORJSON_OPTIONS) == line for e, line in zip(events, lines, strict=True))
+        proved = False
+    else:
+        proved = b"\n".join(orjson.dumps(e, option=ORJSON_OPTIONS) for e in events) + b"\n" == batch
+
+    def own_form(line: bytes) -> bool:
+        try:
+            value = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return False
+        return type(value) is dict and orjson.dumps(value, option=ORJSON_OPTIONS) == line
+
+    assert proved == all(own_form(line) for line in batch.split(b"\n")[:-1])
 
 
 # -- named hostile cases --------------------------------------------------------------------------
@@ -304,6 +314,19 @@ def test_bulk_leaves_lines_that_json_merge_across_a_newline_to_the_exact_loop() 
 def test_bulk_leaves_a_line_of_two_objects_to_the_exact_loop() -> None:
     lines = _run_lines({"a": 1})
     _same_fault(b"".join(line + b"\n" for line in [*lines[:-1], lines[-1] + b"," + lines[-1]]), "not_json", len(lines))
+
+
+def test_bulk_leaves_a_value_across_two_lines_beside_two_values_on_one_line_to_the_exact_loop() -> None:
+    """As many values as lines, each newline but one a comma between them: the batch parses as an
+    array of as many objects, yet its lines are not one event each (the exact loop names it)."""
+    lines = _run_lines({"x": [1, 2]}, {"a": 1})
+    split, doubled = lines[-2], lines[-1]
+    cut = split.index(b"[1,") + 2
+    hostile = [*lines[:-2], split[:cut], split[cut + 1 :], doubled + b"," + doubled]
+    chunk = b"".join(line + b"\n" for line in hostile)
+    assert chunk.count(b"\n") == len(orjson.loads(b"[" + chunk[:-1].replace(b"\n", b",") + b"]"))
+    assert _bulk_events(chunk) is None  # its forms, one a line, are not the chunk's lines
+    _same_fault(chunk, "not_json", len(lines) - 1)
 
 
 def test_bulk_leaves_whitespace_around_a_line_to_the_exact_loop() -> None:

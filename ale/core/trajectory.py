@@ -741,18 +741,14 @@ _TASK_FINISHED = grammar.CODES["trusted_harness"]["task_finished"]
 # the exact loop's. A chunk it vouches for gets the report the exact loop gives (field by field;
 # tests/test_trajectory_bulk.py holds both, and tests/trajectory_reference.py, to it).
 #
-# The canonical form: each line is parsed on its own (orjson.loads) to a dict, and ONE
-# orjson.dumps of the list of them is compared with "[" + the lines joined by "," + "]". orjson
-# writes a list as "[", its items' own forms joined by ",", "]", so the equality says
-# d_1 "," d_2 ... d_n == l_1 "," l_2 ... l_n (d_i the form of line l_i's object). That forces
-# d_i == l_i for every i: d_1 is a JSON object, so the joined lines start with "{", and so does
-# l_1 (a line that parsed alone is one JSON value, possibly amid whitespace: a leading space
-# would differ from d_1's "{"). A JSON object is prefix-free (its closing brace at depth 0 ends
-# it, whatever follows), so the object l_1 starts with and d_1 are the same bytes, and the byte
-# after it is "," in d's join; in l's join it is l_1's own next byte if l_1 goes on (whitespace,
-# never ","), so l_1 ends there: l_1 == d_1, and the rest follows the same way, line by line.
-# Lines cannot merge across a newline either: each was parsed alone, and a line such as
-# {"data":{"x":[1 is no JSON value (orjson.loads raises: the exact loop decides).
+# The canonical form: the batch is parsed ONCE, as the JSON array "[" + its lines joined by ","
+# + "]" (each newline but the last made a comma), and each of the values is written back in its
+# canonical form (orjson.dumps); the forms joined by newlines, plus the last newline, must be the
+# batch, byte for byte. orjson writes no raw newline (control characters in strings are escaped),
+# so the batch's lines are then exactly the forms, one each: line i is the canonical JSON of value
+# i, and so parses alone to it (a form parses back to its value). Whatever else the batch is (a
+# value across two lines, two on one, whitespace, an empty line) either fails to parse as the
+# array (orjson.loads raises: the exact loop decides) or writes back otherwise (None).
 
 _HASH_KEY = b'"hash":"'
 #: the bulk path's batch: about this many bytes of lines (a few dozen), small enough to stay in the cache
@@ -774,16 +770,14 @@ _FLOAT_TYPE = frozenset({float})
 
 def _bulk_events(chunk: bytes) -> tuple[list[bytes], list[Any]] | None:
     """The chunk's lines and their events if every line is provably the canonical JSON of an object
-    with exactly the event's members (the exact loop's form checks), else None."""
+    with exactly the event's members (the exact loop's form checks), else None. (See above.)"""
     if not chunk.isascii() and NON_BMP.search(chunk):  # key order may differ from UTF-16's
         return None
-    lines = chunk.split(b"\n")[:-1]
-    if not lines or max(map(len, lines)) > MAX_LINE_BYTES:
-        return None
-    events = list(map(orjson.loads, lines))  # raises on a line that is not JSON: the exact loop names it
+    events = orjson.loads(b"[" + chunk[:-1].replace(b"\n", b",") + b"]")  # raises: the exact loop decides
     if set(map(type, events)) != {dict} or set(map(len, events)) != {len(FIELDS)}:
         return None  # (of len(FIELDS) members each: exactly FIELDS once each is found, by _bulk_columns)
-    if orjson.dumps(events, option=ORJSON_OPTIONS) != b"[" + b",".join(lines) + b"]":  # (see above)
+    lines = list(map(orjson.dumps, events, itertools.repeat(None), itertools.repeat(ORJSON_OPTIONS)))
+    if b"\n".join(lines) + b"\n" != chunk or max(map(len, lines)) > MAX_LINE_BYTES:
         return None
     return lines, events
 
