@@ -35,7 +35,7 @@ from ale_verify.chain_workers import News, SharedChainJob, Span, check_span
 from ale_verify.cli import build_parser
 from ale_verify.config import Settings
 from ale_verify.pipeline import LocalSite, Outcome, process_upload
-from ale_verify.workers import Admission, Busy, UploadPool, WorkerLimits, _budget_cpu
+from ale_verify.workers import Admission, Busy, UploadPool, WorkerLimits, _budget_cpu, _Job
 
 RUNS = "runs"
 
@@ -838,3 +838,25 @@ def test_an_upload_worker_reuses_its_freed_memory_instead_of_new_pages() -> None
     pages = 5 * 2 * 20 * 1024 * 1024 // 4096  # 5 rounds of two 20 MB blocks
     assert out["default"][1] > pages // 2  # (the default maps and unmaps each block anew)
     assert out["keep"][1] < out["default"][1] // 5
+
+
+def test_a_chunk_reported_after_the_stop_was_sent_does_not_make_the_workers_exit_a_death(
+    world: h.World, tmp_path: Path
+) -> None:
+    """Closing, a worker may still check a chunk its owner checked too; its report must not make
+    it "idle" again, or its exit on the stop is logged as a death."""
+    pool, _ = _pool(world, tmp_path, processes=1)
+    try:
+        _wait(lambda: len(pool.pids()) == 1, "the worker")
+        w = pool._workers[0]
+        job = _Job(7, tmp_path / "x.ale", h.PARTICIPANT, "sub-x", time.time(), None)
+        span = Span(3, os.getpid(), 0, "ale-trajectory-x", 0, 10, None)
+        with pool._lock:
+            w.state, w.task = "leaving", (job, span)
+            pool._checked(w, job.id, span.index, None, None)
+            assert w.state == "leaving"
+            w.state, w.task = "check", (job, span)
+            pool._checked(w, job.id, span.index, None, None)
+            assert w.state == "idle"
+    finally:
+        pool.close()

@@ -836,7 +836,8 @@ class UploadPool:
         if task is None or task[0].id != job_id or task[1].index != index:
             raise ValueError("an upload worker reported a chunk it was not checking")
         w.task = None
-        w.state = "leaving" if error == "MemoryError" else "idle"
+        if w.state != "leaving":  # (closing: a chunk checked twice may come back after the stop was sent)
+            w.state = "leaving" if error == "MemoryError" else "idle"
         job = self._jobs.get(job_id)
         if job is None or job.dropped or job.owner is None:
             return
