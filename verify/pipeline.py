@@ -368,15 +368,11 @@ def verify_upload(
     while step 7 is still decompressing it (ale_verify.chain_workers); step 9 then only links
     their reports. ``chain`` is cancelled on return.
     """
-    digest = ""
     try:
         ciphertext = ciphertext_path.read_bytes()  # 1. received
-        digest_of = _alongside(functools.partial(_sha256_hex, ciphertext))  # 2. (alongside 3)
+        digest_of = _alongside(functools.partial(_sha256_hex, ciphertext))  # 2. (alongside 3 and on)
         try:
-            try:
-                plain = step_decrypt(ciphertext, settings)  # 3.
-            finally:
-                digest = digest_of()
+            plain = step_decrypt(ciphertext, settings)  # 3.
             del ciphertext
             tar = step_decompress(plain, settings)  # 4.
             del plain
@@ -409,7 +405,8 @@ def verify_upload(
             judged = step_faithfulness(docs, files, events, release, settings)  # 12.
             recomputed, credits = judged.scores, judged.credits
         except VerificationError as exc:  # BundleError is one
-            return rejected(submission_id, exc.reason, str(exc), digest)
+            return rejected(submission_id, exc.reason, str(exc), digest_of())
+        digest = digest_of()
         summary = audit_summary(
             docs,
             recomputed,
