@@ -5,13 +5,16 @@ started it costs it nothing: another worker checks it."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 import verifier_helpers as h
 from test_verifier_workers import _challenged, _pool, _submit, _wait
@@ -88,6 +91,30 @@ def _ahead(pool: UploadPool) -> list[Any]:
         return [w for w in pool._workers if w.ahead is not None]
 
 
+@attrs.frozen
+class _SentAhead:
+    pool: UploadPool
+    settings: Settings
+    gates: _Gates
+    held: list[tuple[Any, str]]
+    later: Any  # the upload's future
+    holder: Any  # the worker it was sent ahead to
+
+
+@contextlib.contextmanager
+def _sent_ahead(world: h.World, tmp_path: Path) -> Iterator[_SentAhead]:
+    """Two workers held at step 8, and a third upload sent ahead to one of them; the pool closed after."""
+    pool, settings = _pool(world, tmp_path, processes=2)
+    try:
+        gates, held = _both_held(world, pool, settings)
+        later = _submit(pool, settings, _plain(world), "later.ale")
+        _wait(lambda: len(_ahead(pool)) == 1, "the upload sent ahead")
+        (holder,) = _ahead(pool)
+        yield _SentAhead(pool, settings, gates, held, later, holder)
+    finally:
+        pool.close()
+
+
 def test_a_worker_gives_back_an_upload_recalled_before_it_started_it() -> None:
     """The worker's side: uploads sent while it checks one are held in order; a recall takes back
     one not started (``recalled``), and one already started is not given back."""
@@ -114,31 +141,24 @@ def test_a_worker_killed_holding_a_running_and_an_upload_sent_ahead_fails_only_t
     """Both workers busy; the next upload is sent ahead to one; that one is killed: its running
     upload is rejected as worker_failed, the one sent ahead is checked by another worker (the new
     one, while the other is still held) and accepted."""
-    pool, settings = _pool(world, tmp_path, processes=2)
-    try:
-        gates, held = _both_held(world, pool, settings)
-        later = _submit(pool, settings, _plain(world), "later.ale")
-        _wait(lambda: len(_ahead(pool)) == 1, "the upload sent ahead")
-        (holder,) = _ahead(pool)
-        victim = holder.pid
+    with _sent_ahead(world, tmp_path) as s:
+        victim = s.holder.pid
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
-        accepted = later.result(timeout=120)  # the other worker is still held at step 8
+        accepted = s.later.result(timeout=120)  # the other worker is still held at step 8
         assert accepted.status == "accepted", accepted.reasons
-        killed = [f for f, _ in held if f.done()]
+        killed = [f for f, _ in s.held if f.done()]
         assert len(killed) == 1
         outcome = killed[0].result()
         assert (outcome.status, outcome.reason) == ("rejected", "worker_failed")
-        gates.open_all()
-        statuses = sorted(f.result(timeout=120).status for f, _ in held)
+        s.gates.open_all()
+        statuses = sorted(f.result(timeout=120).status for f, _ in s.held)
         assert statuses == ["accepted", "rejected"]
-        stored = {row["id"]: row["status"] for row in db.all_submissions(settings.database)}
+        stored = {row["id"]: row["status"] for row in db.all_submissions(s.settings.database)}
         assert stored[accepted.submission_id] == "accepted"
         assert stored[outcome.submission_id] == "rejected"
-        assert victim not in pool.pids()
-        _wait(lambda: not list(settings.tmp_dir.iterdir()), "every upload's file to go")
-    finally:
-        pool.close()
+        assert victim not in s.pool.pids()
+        _wait(lambda: not list(s.settings.tmp_dir.iterdir()), "every upload's file to go")
 
 
 def test_an_upload_sent_ahead_to_a_busy_worker_goes_to_a_worker_that_becomes_idle(
@@ -147,23 +167,16 @@ def test_an_upload_sent_ahead_to_a_busy_worker_goes_to_a_worker_that_becomes_idl
 ) -> None:
     """Both workers busy; the next upload is sent ahead to one; the other ends its upload: the
     holder (still at step 8) gives the upload back and the idle worker checks it."""
-    pool, settings = _pool(world, tmp_path, processes=2)
-    try:
-        gates, held = _both_held(world, pool, settings)
-        later = _submit(pool, settings, _plain(world), "later.ale")
-        _wait(lambda: len(_ahead(pool)) == 1, "the upload sent ahead")
-        (holder,) = _ahead(pool)
-        (other,) = (w for w in pool._workers if w is not holder)
-        assert holder.job is not None
+    with _sent_ahead(world, tmp_path) as s:
+        (other,) = (w for w in s.pool._workers if w is not s.holder)
+        assert s.holder.job is not None
         assert other.job is not None
-        holders = holder.job.future
-        gates.open(next(challenge_id for f, challenge_id in held if f is other.job.future))
-        assert later.result(timeout=120).status == "accepted"
+        holders = s.holder.job.future
+        s.gates.open(next(challenge_id for f, challenge_id in s.held if f is other.job.future))
+        assert s.later.result(timeout=120).status == "accepted"
         assert not holders.done()  # still held at step 8: the upload did not wait for it
-        gates.open_all()
-        assert [f.result(timeout=120).status for f, _ in held] == ["accepted", "accepted"]
-    finally:
-        pool.close()
+        s.gates.open_all()
+        assert [f.result(timeout=120).status for f, _ in s.held] == ["accepted", "accepted"]
 
 
 def test_an_upload_sent_ahead_and_cancelled_is_given_back_and_dropped(
