@@ -388,6 +388,29 @@ def test_rate_limit_is_exact_under_concurrency(db_engine: Databases, tmp_path: P
         assert sorted(taken) == [False] * 11 + [True] * 5
 
 
+def test_taking_a_rate_prunes_only_its_own_stale_records_not_every_users(db_engine: Databases, tmp_path: Path) -> None:
+    """Every upload takes a rate: deleting everyone's records older than an hour scanned the whole
+    table each time. Only the taker's stale records of that action go, and on SQLite through the index."""
+    database = _migrated(db_engine, tmp_path)
+    for user in ("u", "v"):
+        db.upsert_user(database, user, user, "local")
+    stale = time.time() - 7200
+
+    def seed(s: db.Session) -> None:
+        for user, action in (("u", "upload"), ("u", "login"), ("v", "upload")):
+            s.execute("INSERT INTO rate_events VALUES (?, ?, ?)", [user, action, stale])
+
+    db.write(database, seed)
+    assert db.take_rate(database, "u", "upload", 5)
+    with db.connect(database) as s:
+        left = sorted((r["user_id"], r["action"], r["at"] > stale) for r in s.rows("SELECT * FROM rate_events"))
+    assert left == [("u", "login", False), ("u", "upload", True), ("v", "upload", False)]
+    if isinstance(database, Path):  # SQLite: the plan is a search of the index, not a scan
+        with sqlite3.connect(database) as conn:
+            plan = " ".join(str(row[-1]) for row in conn.execute("EXPLAIN QUERY PLAN " + db.RATE_PRUNE, ["u", "a", 0]))
+        assert "USING COVERING INDEX rate_events_by_user" in plan or "USING INDEX rate_events_by_user" in plan, plan
+
+
 # -- a bad or vanished database -------------------------------------------------------------------
 
 GARBAGE_URLS = [

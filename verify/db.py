@@ -1023,14 +1023,20 @@ def user_for_token(where: Where, token: str) -> str | None:
 # -- rate limits -----------------------------------------------------------------------------
 
 
+RATE_PRUNE = "DELETE FROM rate_events WHERE user_id = ? AND action = ? AND at < ?"
+
+
 def take_rate(where: Where, user_id: str, action: str, per_hour: int) -> bool:
     """Record one ``action`` unless the user already did ``per_hour`` of them in the last hour.
     Exact under concurrency: the count and the record are one transaction holding ``rate_events``
-    against other writers (of this process's shared commit, the takes before it are counted)."""
+    against other writers (of this process's shared commit, the takes before it are counted).
+    Only this user's records of this action older than the hour are deleted, through the index
+    (every upload deleting everyone's stale records scanned the whole table); so the table holds
+    at most ``per_hour`` records of each user and action."""
     now = time.time()
 
     def take(s: Session) -> bool:
-        s.execute("DELETE FROM rate_events WHERE at < ?", [now - 3600])
+        s.execute(RATE_PRUNE, [user_id, action, now - 3600])
         (count,) = s.one(
             "SELECT COUNT(*) FROM rate_events WHERE user_id = ? AND action = ? AND at >= ?",
             [user_id, action, now - 3600],
