@@ -42,13 +42,14 @@ _BATCHES = st.sampled_from([1, 300, 4096, 64 * 1024])
 
 
 @contextlib.contextmanager
-def _batch(size: int) -> Iterator[None]:
-    saved = trajectory._BULK_BYTES
-    trajectory._BULK_BYTES = size
+def _batch(size: int, lines: int = 1) -> Iterator[None]:
+    """Batches of about ``size`` bytes, and at least ``lines`` lines (1: the bytes alone decide)."""
+    saved = trajectory._BULK_BYTES, trajectory._BULK_LINES
+    trajectory._BULK_BYTES, trajectory._BULK_LINES = size, lines
     try:
         yield
     finally:
-        trajectory._BULK_BYTES = saved
+        trajectory._BULK_BYTES, trajectory._BULK_LINES = saved
 
 
 def _fields(report: ChunkReport) -> dict[str, Any]:
@@ -90,10 +91,10 @@ def _plain_run(body: int = 40) -> bytes:
     return run.finish().stream()
 
 
-@pytest.mark.parametrize("batch", [1, 500, 4096, 1 << 20])
-def test_bulk_vouches_for_a_plain_run_with_the_exact_report_at_every_batch_size(batch: int) -> None:
+@pytest.mark.parametrize(("batch", "lines"), [(1, 1), (500, 1), (4096, 1), (1 << 20, 1), (1, 3), (500, 7), (300, 40)])
+def test_bulk_vouches_for_a_plain_run_with_the_exact_report_at_every_batch_size(batch: int, lines: int) -> None:
     stream = _plain_run()
-    with _batch(batch):
+    with _batch(batch, lines):
         for parts in (1, 3, 8):
             for piece, line in split_chunks(stream, parts):
                 for first in {line, None if line != 1 else 1}:
