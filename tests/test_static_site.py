@@ -935,3 +935,79 @@ def test_the_joined_output_code_generator_writes_what_jinja_writes(
     assert export.Site(tmp_path / "s", docs_dir=None, page_size=10, top_n=3).env.code_generator_class is (
         jinja2.compiler.CodeGenerator
     )
+
+
+def test_the_exports_are_written_by_the_exporting_process_while_the_page_workers_run(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With worker processes the CSV/JSON exports are this process's share of the page work
+    (Site._run's ``own``): written here, the same bytes as one process writes."""
+    ran_in: list[int] = []
+    exports = export.Site._exports
+
+    def spy(self: Any, *args: Any) -> None:
+        ran_in.append(os.getpid())
+        exports(self, *args)
+
+    forks: list[int] = []
+    run = export.Site._run
+
+    def counted(self: Any, work: list[Any], **kw: Any) -> None:
+        forks.append(len(work))
+        run(self, work, **kw)
+
+    monkeypatch.setattr(export.Site, "_exports", spy)
+    monkeypatch.setattr(export.Site, "_run", counted)
+    two = _export(sharded, tmp_path / "two", jobs=2, page_size=2)  # pages enough for the page workers
+    assert forks[0] >= export.PARALLEL_FROM
+    assert ran_in == [os.getpid()]
+    one = _export(sharded, tmp_path / "one", jobs=1, page_size=2)
+    assert _tree(one) == _tree(two)
+
+
+def test_a_failing_export_in_the_exporting_process_leaves_no_page_worker_or_stage(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error in the exporting process's own share (here the exports) while the page workers
+    run is the export's error: the previous site stays, no stage folder or worker is left."""
+    site = _export(sharded, tmp_path / "site", jobs=2, page_size=2)  # pages enough for the page workers
+    before = _tree(site)
+    pools: list[Any] = []
+    pool_class = export.ProcessPoolExecutor
+
+    class Spy(pool_class):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            pools.append(self)
+
+    def fail(self: Any, *args: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "ProcessPoolExecutor", Spy)
+    monkeypatch.setattr(export.Site, "_exports", fail)
+    with pytest.raises(OSError, match="disk full"):
+        _export(sharded, tmp_path / "site", jobs=2, page_size=2)
+    assert len(pools) == 1
+    assert not any(p.is_alive() for pool in pools for p in (pool._processes or {}).values())
+    assert _tree(site) == before
+    assert not [p.name for p in tmp_path.iterdir() if ".new-" in p.name or ".old-" in p.name]
+
+
+def test_warmed_templates_are_not_loaded_or_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Site.warm loads a template and its digest once, before the workers fork: a page rendered
+    after it reads neither the template's source nor parses it again."""
+    site = export.Site(tmp_path / "out", docs_dir=None, page_size=10, top_n=3)
+    site.warm(("tasks.html",))
+    digest = site.template_digest("tasks.html")
+    loader = site.env.loader
+    assert loader is not None
+
+    def refuse(*_args: Any, **_kw: Any) -> Any:
+        raise AssertionError("loaded again")
+
+    monkeypatch.setattr(loader, "get_source", refuse)
+    monkeypatch.setattr(site.env, "parse", refuse)
+    site.chrome = {"version": "v", "release": "r", "export_doc": False}
+    site.page("tasks/index.html", "tasks.html", title="Tasks", section="tasks", site=site.chrome, tasks=[])
+    assert site.template_digest("tasks.html") == digest
+    assert (tmp_path / "out" / "tasks" / "index.html").read_text().startswith("<!DOCTYPE html>")

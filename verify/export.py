@@ -895,6 +895,7 @@ class Site:
         self.markdown = Markdown(self._resolve)
         self.code_digest = _code_digest(self.release, self.specs)
         self._template_digests: dict[str, bytes] = {}
+        self._closures: dict[str, tuple[str, ...]] = {}  # each digested template's (_closure)
 
     # files
 
@@ -970,26 +971,38 @@ class Site:
     def template_digest(self, name: str) -> bytes:
         """SHA-256 of a template's source and of every template it extends, includes or imports."""
         if name not in self._template_digests:
-            loader = self.env.loader
-            assert loader is not None
-            h = hashlib.sha256()
-            seen: set[str] = set()
-            todo = [name, "macros.html"]  # the badges (env.globals) are rendered by macros.html
-            while todo:
-                current = todo.pop()
-                if current in seen:
-                    continue
-                seen.add(current)
-                source, _, _ = loader.get_source(self.env, current)
-                h.update(f"{current} {len(source)}\n{source}".encode())
-                referenced = jinja2.meta.find_referenced_templates(self.env.parse(source))
-                for ref in referenced:
-                    if ref is None:  # a name computed at render time: every template, to be safe
-                        todo += self.env.list_templates()
-                    else:
-                        todo.append(ref)
-            self._template_digests[name] = h.digest()
+            self._template_digests[name], self._closures[name] = self._closure(name)
         return self._template_digests[name]
+
+    def _closure(self, name: str) -> tuple[bytes, tuple[str, ...]]:
+        """:meth:`template_digest` of ``name`` and the templates it covers, in the order digested."""
+        loader = self.env.loader
+        assert loader is not None
+        h = hashlib.sha256()
+        seen: dict[str, None] = {}
+        todo = [name, "macros.html"]  # the badges (env.globals) are rendered by macros.html
+        while todo:
+            current = todo.pop()
+            if current in seen:
+                continue
+            seen[current] = None
+            source, _, _ = loader.get_source(self.env, current)
+            h.update(f"{current} {len(source)}\n{source}".encode())
+            referenced = jinja2.meta.find_referenced_templates(self.env.parse(source))
+            for ref in referenced:
+                if ref is None:  # a name computed at render time: every template, to be safe
+                    todo += self.env.list_templates()
+                else:
+                    todo.append(ref)
+        return h.digest(), tuple(seen)
+
+    def warm(self, templates: Sequence[str]) -> None:
+        """Load ``templates``, every template they use and their digests now: a forked worker
+        inherits them, loaded and parsed once."""
+        for name in templates:
+            self.template_digest(name)
+            for used in self._closures[name]:
+                self.env.get_template(used)
 
     def _reuse(self, rel: str, key: str) -> bool:
         """Link the previous export's ``rel`` when it was rendered from the inputs ``key``."""
@@ -1042,6 +1055,8 @@ class Site:
         keys = read_keys(database) if self.jobs > 1 else []
         shards = _Shards(self, database, keys) if len(keys) >= PARALLEL_FROM else None
         try:
+            if shards is not None:  # while they build the entries: what the forked page workers inherit
+                self.warm(("board.html", "task.html", "tasks.html"))
             rows = read_rows(database) if shards is None else None
             own = [] if rows is None else self.submissions(rows, 0, len(rows.rows))
             entries = shards.entries() if shards is not None else [sub.entry for sub in own]
@@ -1067,12 +1082,14 @@ class Site:
         boards, task_boards = rank_all(entries, [task.spec.ref for task in self.tasks.values()])
         if shards is not None:
             shards.render()  # the workers render their submission pages meanwhile
+        for e in entries:  # before the page workers fork: each would digest the entries it shows
+            e.fingerprint()
         self.board_site = self.chrome | {
             "submissions": len(entries),
             "latest": max((e.received_at for e in entries), default=None),
             "cap": fmt_value(self.release.cap),
         }
-        work: list[Callable[[], None]] = [lambda: self._exports(entries, boards)]
+        work: list[Callable[[], None]] = []
         unscored = [e for e in entries if e.scores["overall"] is None]
         for category, label, first, stem in CATEGORIES:
             work += self._board(
@@ -1082,7 +1099,8 @@ class Site:
         if shards is None:
             work += self._docs()
             work += [lambda sub=sub: self._submission(sub) for sub in own]  # type: ignore[misc]
-        self._run(work)
+        # the CSV/JSON exports: this process, while the page workers render the rest
+        self._run(work, own=[lambda: self._exports(entries, boards)])
         if shards is not None:
             shards.collect()
         return len(boards["overall"][0])
@@ -1103,24 +1121,28 @@ class Site:
         self.unchanged += unchanged
         self.rendered += rendered
 
-    def _run(self, work: list[Callable[[], None]]) -> None:
-        """Run every item of ``work`` (each renders pages or writes files): in ``jobs`` forked
-        worker processes when there are many. Each worker runs chunks of consecutive items and
-        sends back only what the manifest needs (the files it wrote, its counts); the items and
-        everything they read are inherited from this process, never pickled."""
+    def _run(self, work: list[Callable[[], None]], *, own: Sequence[Callable[[], None]] = ()) -> None:
+        """Run every item of ``work`` (each renders pages or writes files): in forked worker
+        processes when there are many, while this process runs ``own``. Each worker runs chunks of
+        consecutive items and sends back only what the manifest needs (the files it wrote, its
+        counts); the items and everything they read are inherited from this process, never pickled."""
         if self.jobs == 1 or len(work) < PARALLEL_FROM:
-            for item in work:
+            for item in [*own, *work]:
                 item()
             return
         self._folders_made()
         global _WORK
         _WORK = (self, work)
-        step = max(1, len(work) // (self.jobs * 8))
+        workers = max(1, self.jobs - 1) if own else self.jobs  # this process is one of them
+        step = max(1, len(work) // (workers * 8))
         chunks = [(i, min(i + step, len(work))) for i in range(0, len(work), step)]
         gc.freeze()  # the forked workers share this process's objects without touching them
         try:
-            with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-                for counts in pool.map(_run_chunk, chunks):
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                results = pool.map(_run_chunk, chunks)
+                for item in own:
+                    item()
+                for counts in results:
                     self._add(counts)
         finally:
             _WORK = None
@@ -1515,6 +1537,7 @@ def _shard_main(conn: Connection, start: Key | None, stop: Key | None, docs: boo
         conn.send(("entries", [sub.entry for sub in part]))
         if docs:
             site._docs_pages()
+        site.warm(("submission.html",))  # while the exporting process ranks the entries
         site.prepare(part, conn.poll)  # while the exporting process ranks the entries
         for sub, (ranks, task_ranks) in zip(part, conn.recv(), strict=True):
             sub.entry.ranks, sub.entry.task_ranks = ranks, task_ranks
