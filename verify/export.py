@@ -1717,9 +1717,9 @@ def _previous_inputs(out: Path) -> dict[str, str]:
     return {name: key for name, key in pages.items() if isinstance(key, str)}
 
 
-def _write_inputs(out: Path, inputs: dict[str, str]) -> None:
-    """Record the pages' input digests for the next export (written beside, then renamed)."""
-    manifest = hashlib.sha256((out / MANIFEST).read_bytes()).hexdigest()
+def _write_inputs(out: Path, inputs: dict[str, str], manifest: str) -> None:
+    """Record the pages' input digests for the next export (written beside, then renamed), with
+    the SHA-256 of the manifest they belong to (as the export wrote it: not read back)."""
     doc = {"schema": INPUTS_SCHEMA, "manifest_sha256": manifest, "pages": dict(sorted(inputs.items()))}
     target = inputs_path(out)
     tmp = target.with_name(f"{target.name}.{secrets.token_hex(4)}")
@@ -1845,12 +1845,13 @@ def export_site(
     enabled = gc.isenabled()
     gc.disable()  # a site's data is many small objects and no cycles: collecting finds nothing
     try:
-        report, inputs = _build(database, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n, jobs=jobs)
+        report, inputs, manifest = _build(database, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n,
+                                          jobs=jobs)  # fmt: skip
     finally:
         if enabled:
             gc.enable()
     try:
-        _write_inputs(out, inputs)
+        _write_inputs(out, inputs, manifest)
     except OSError:
         inputs_path(out).unlink(missing_ok=True)  # the next export renders every page
     return report
@@ -1858,7 +1859,7 @@ def export_site(
 
 def _build(
     database: db.Where, out: Path, *, docs_dir: Path | None, page_size: int, top_n: int, jobs: int | None
-) -> tuple[ExportReport, dict[str, str]]:
+) -> tuple[ExportReport, dict[str, str], str]:
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = _previous(out)
     previous_inputs = _previous_inputs(out) if previous is not None else {}
@@ -1879,4 +1880,4 @@ def _build(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return attrs.evolve(report, directory=out), site.inputs
+    return attrs.evolve(report, directory=out), site.inputs, site.files[MANIFEST][0]
