@@ -1011,3 +1011,27 @@ def test_warmed_templates_are_not_loaded_or_parsed_again(tmp_path: Path, monkeyp
     site.page("tasks/index.html", "tasks.html", title="Tasks", section="tasks", site=site.chrome, tasks=[])
     assert site.template_digest("tasks.html") == digest
     assert (tmp_path / "out" / "tasks" / "index.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_shard_workers_that_sent_their_pages_end_on_their_own_while_the_manifest_is_written(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exporting process writes the manifest while the shard workers, done, end (_Shards.close
+    then waits for them): none is terminated, each ends with status 0."""
+    workers: list[Any] = []
+    terminated: list[Any] = []
+    close = export._Shards.close
+
+    def spy(self: Any) -> None:
+        workers.extend(self.procs)
+        assert self.done
+        for proc in self.procs:
+            monkeypatch.setattr(proc, "terminate", lambda proc=proc: terminated.append(proc))
+        close(self)
+
+    monkeypatch.setattr(export._Shards, "close", spy)
+    site = _export(sharded, tmp_path / "site", jobs=2)
+    assert len(workers) == 2
+    assert not terminated
+    assert [p.exitcode for p in workers] == [0, 0]
+    assert (site / export.MANIFEST).is_file()

@@ -1061,10 +1061,10 @@ class Site:
             own = [] if rows is None else self.submissions(rows, 0, len(rows.rows))
             entries = shards.entries() if shards is not None else [sub.entry for sub in own]
             ranked = self._build(entries, own, shards)
+            self._manifest()  # while the workers, done, end
         finally:
             if shards is not None:
                 shards.close()
-        self._manifest()
         return ExportReport(
             directory=self.out,
             files=len(self.files),
@@ -1471,6 +1471,7 @@ class _Shards:
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[Connection] = []
         self.parts: list[list[Entry]] = []
+        self.done = False  # every worker sent its pages (collect)
         context = multiprocessing.get_context("fork")
         global _SHARD
         _SHARD = (site, database)
@@ -1499,11 +1500,11 @@ class _Shards:
             conn.send([(e.ranks, e.task_ranks) for e in part])
 
     def collect(self) -> None:
-        """Add each worker's files, page digests and counts to the site's."""
+        """Add each worker's files, page digests and counts to the site's (the workers, done,
+        end meanwhile: :meth:`close` waits for them)."""
         for k in range(len(self.conns)):
             self.site._add(self._receive(k, "pages"))
-        for proc in self.procs:
-            proc.join()
+        self.done = True
 
     def _receive(self, k: int, what: str) -> Any:
         try:
@@ -1518,8 +1519,9 @@ class _Shards:
         return value
 
     def close(self) -> None:
+        """Wait for the workers to end (ended first, unless every one sent its pages)."""
         for proc in self.procs:
-            if proc.is_alive():
+            if not self.done and proc.is_alive():
                 proc.terminate()
             proc.join()
         for conn in self.conns:
@@ -1534,6 +1536,7 @@ def _shard_main(conn: Connection, start: Key | None, stop: Key | None, docs: boo
     try:
         rows = read_rows(database, start, stop)
         part = site.submissions(rows, 0, len(rows.rows))
+        del rows  # the rows as read (their JSON text): its memory is the pages' now
         conn.send(("entries", [sub.entry for sub in part]))
         if docs:
             site._docs_pages()
