@@ -1534,7 +1534,7 @@ def _shard_main(conn: Connection, start: Key | None, stop: Key | None, docs: boo
     site, database = _SHARD
     site._reset()
     try:
-        rows = read_rows(database, start, stop)
+        rows = read_rows(database, start, stop, ordered=False)  # the exporting process orders the entries
         part = site.submissions(rows, 0, len(rows.rows))
         del rows  # the rows as read (their JSON text): its memory is the pages' now
         conn.send(("entries", [sub.entry for sub in part]))
@@ -1769,9 +1769,10 @@ def read_keys(database: db.Where) -> list[Key]:
         return [(at, ident) for at, ident in cursor.fetchall()]
 
 
-def read_rows(database: db.Where, start: Key | None = None, stop: Key | None = None) -> Rows:
-    """The accepted submissions (those from ``start`` on and before ``stop``, in upload order)
-    and their audit history, not decoded."""
+def read_rows(database: db.Where, start: Key | None = None, stop: Key | None = None, *, ordered: bool = True) -> Rows:
+    """The accepted submissions (those from ``start`` on and before ``stop``, in upload order;
+    ``ordered=False``: in the database's order, for a reader that orders them itself, so that the
+    database does not sort whole rows) and their audit history, not decoded."""
     where, params = "s.status = ?", list[Any](["accepted"])
     if start is not None:
         where += " AND (s.received_at > ? OR (s.received_at = ? AND s.id >= ?))"
@@ -1780,7 +1781,8 @@ def read_rows(database: db.Where, start: Key | None = None, stop: Key | None = N
         where += " AND (s.received_at < ? OR (s.received_at = ? AND s.id < ?))"
         params += [stop[0], stop[0], stop[1]]
     with db.connect(database) as s:
-        cursor = s.execute(f"SELECT * FROM submissions s WHERE {where} ORDER BY s.received_at, s.id", params)
+        order = " ORDER BY s.received_at, s.id" if ordered else ""
+        cursor = s.execute(f"SELECT * FROM submissions s WHERE {where}{order}", params)
         names = tuple(d[0] for d in cursor.description)
         rows = cursor.fetchall()
         history = s.rows(
