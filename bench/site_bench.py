@@ -13,13 +13,14 @@ Creating the site's ~10,600 files is the kernel's work, not the exporter's, and 
 ext4 (no journal) it depends on what else ran: for each new inode the allocator steps over every
 inode of the block group freed in the last minute (``find_inode_bit`` / ``recently_deleted``; up to
 six minutes while the inode table block is not written back), under the folder's lock, so creating
-files beside recently deleted ones costs up to a millisecond each. The system temp folder is where
-every test run on the machine makes and deletes its files. So the cold export is timed on disk
-twice: in the system temp folder (``--disk``, as before) and in a folder of the repository's disk
-beside the results (``--quiet-disk``, default ``bench/results/``: what a user exporting into a
-folder of their own sees), each round after a probe of that disk (``create_us``: microseconds per
-new file, 400 empty files made and written in a fresh sub-folder; tens of microseconds when the
-allocator has nothing to step over). And into a tmpfs folder (``--tmpfs``, default ``/dev/shm``
+files beside recently deleted ones costs up to a millisecond each (a site removed there minutes
+before, a previous export's own old tree included, is such a deletion). The system temp folder is
+where every test run on the machine makes and deletes its files. So the cold export is timed on
+disk twice: in the system temp folder (``--disk``, as before) and in a folder of the repository's
+disk beside the results (``--quiet-disk``, default ``bench/results/``: away from the test runs),
+each round after a probe of that disk (``create_us``: microseconds per new file, 400 empty files
+made and written in a fresh sub-folder; about 25 when the allocator has nothing to step over,
+hundreds when it has). And into a tmpfs folder (``--tmpfs``, default ``/dev/shm``
 when it exists): the exporter's own cost. After one more upload the export into the same folder
 renders only the pages whose inputs changed (``rendered``) and links every other file (``unchanged``).
 
