@@ -1039,3 +1039,27 @@ def test_shard_workers_that_sent_their_pages_end_on_their_own_while_the_manifest
     assert not terminated
     assert [p.exitcode for p in workers] == [0, 0]
     assert (site / export.MANIFEST).is_file()
+
+
+def _fmt_ci_as_it_was(bounds: Any) -> Markup:
+    """fmt_ci before its fast path: Markup() around fmt_score's text of each bound."""
+    if bounds is None:
+        return Markup("")
+    low, high = export.fmt_score(bounds[0]), export.fmt_score(bounds[1])
+    return Markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{low}–{high}</span>')
+
+
+_BOUND = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.none())
+
+
+@pytest.mark.fuzz
+@given(bounds=st.one_of(st.none(), st.tuples(_BOUND, _BOUND)))
+@fuzz_settings
+def test_fmt_ci_writes_what_markup_around_fmt_score_writes(bounds: Any) -> None:
+    """The interval filter's fast path (a float's text formatted in place, the Markup made by str)
+    writes the same characters, as the same type, as Markup(...) around fmt_score's text did:
+    -0.0, NaN, infinities, ints and None bounds included."""
+    fast, slow = export.fmt_ci(bounds), _fmt_ci_as_it_was(bounds)
+    assert type(fast) is Markup
+    assert str(fast) == str(slow)
+    assert markupsafe.escape(fast) == fast  # safe: escaping leaves it as it is

@@ -155,9 +155,23 @@ def fmt_score(value: float | None) -> str:
 def fmt_ci(bounds: tuple[float, float] | None) -> Markup:
     """A 95% interval after its score (docs/intervals.md), or nothing where there is none."""
     if bounds is None:
-        return Markup("")
-    low, high = fmt_score(bounds[0]), fmt_score(bounds[1])  # digits and a point: nothing to escape
-    return Markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{low}–{high}</span>')
+        return _NO_MARKUP
+    low, high = bounds
+    if type(low) is float and type(high) is float:  # a stored interval's (ranking.stored_bounds): fmt_score's text
+        text = f"{low:.3f}–{high:.3f}"
+    else:
+        text = f"{fmt_score(low)}–{fmt_score(high)}"
+    # digits, signs and points: nothing to escape. The Markup made as str makes it (markupsafe's
+    # Markup.__new__ is Python: a third of this filter's time, on every row of every board)
+    return _markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{text}</span>')
+
+
+def _markup(text: str) -> Markup:
+    """``Markup(text)`` for a str ``text`` (what its ``__new__`` makes of one), made by str's own."""
+    return str.__new__(Markup, text)
+
+
+_NO_MARKUP = Markup("")
 
 
 def fmt_rate(value: float | None) -> str:
