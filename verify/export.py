@@ -106,6 +106,11 @@ CSV_COLUMNS = (
     "run_id", "ciphertext_sha256", "merkle_root",
     "judged_faithful", "judged_unfaithful", "unjudged", "judging_pending", "judged_by",
 )  # fmt: skip
+#: each category's columns of the exports' rows: (category, rank, score, lower, upper)
+_CATEGORY_COLUMNS = tuple(
+    (category, f"rank_{category}", f"score_{category}", f"lower_{category}", f"upper_{category}")
+    for category, *_ in CATEGORIES
+)
 #: The judgement columns: each lists the completed reproduction tasks in that state (judging.STATES).
 JUDGEMENT_COLUMNS = ("judged_faithful", "judged_unfaithful", "unjudged", "judging_pending")
 
@@ -1368,15 +1373,14 @@ class Site:
                 "level": e.level,
                 "revoked": e.revoked,
             }
-            for category, *_ in CATEGORIES:
-                lower, upper = e.intervals[category] or (None, None)
-                row[f"rank_{category}"] = e.ranks.get(category)
-                row[f"score_{category}"] = e.scores[category]
-                row[f"lower_{category}"] = lower
-                row[f"upper_{category}"] = upper
+            for category, rank, score, low, high in _CATEGORY_COLUMNS:
+                row[rank] = e.ranks.get(category)
+                row[score] = e.scores[category]
+                row[low], row[high] = e.intervals[category] or (None, None)
             states: dict[str, list[str]] = {state: [] for state in JUDGEMENT_COLUMNS}
             judged_by = []
-            for ref, j in sorted(e.judgements.items()):
+            judgements = sorted(e.judgements.items())
+            for ref, j in judgements:
                 if j["state"] in states:
                     states[j["state"]].append(ref)
                 if j["judged_by"]:
@@ -1406,7 +1410,7 @@ class Site:
                 **states,
                 "judged_by": judged_by,
                 "task_finals": dict(sorted(e.finals.items())),
-                "task_judgements": dict(sorted(e.judgements.items())),
+                "task_judgements": dict(judgements),
             }
             out.append(row)
         return out
