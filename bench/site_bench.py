@@ -9,12 +9,24 @@ times the whole export (database read, every page, the CSV/JSON exports, the man
 into place) ``--rounds`` times, and reports the median, the board page's size (``index.html``), the
 largest page and the totals. The database fill is timed separately and is not part of the figure.
 
-Creating the site's ~10,600 files is the kernel's work, not the exporter's: on an ext4 disk where
-many files were deleted recently, each new inode costs up to a millisecond of system time in the
-allocator (``find_inode_bit`` / ``recently_deleted``), serialised across processes. So the bench also
-times the same cold export into a tmpfs folder (``--tmpfs``, default ``/dev/shm`` when it exists):
-the exporter's own cost. After one more upload the export into the same folder renders only the
-pages whose inputs changed (``rendered``) and links every other file (``unchanged``).
+Creating the site's ~10,600 files is the kernel's work, not the exporter's, and on this machine's
+ext4 (no journal) it depends on what else ran: for each new inode the allocator steps over every
+inode of the block group freed in the last minute (``find_inode_bit`` / ``recently_deleted``; up to
+six minutes while the inode table block is not written back), under the folder's lock, so creating
+files beside recently deleted ones costs up to a millisecond each (a site removed there minutes
+before, a previous export's own old tree included, is such a deletion). The system temp folder is
+where every test run on the machine makes and deletes its files. So the cold export is timed on
+disk twice: in the system temp folder (``--disk``, as before) and in a folder of the repository's
+disk beside the results (``--quiet-disk``, default ``bench/results/``: away from the test runs),
+each round after a probe of that disk (``create_us``: microseconds per new file, 400 empty files
+made and written in a fresh sub-folder; about 25 when the allocator has nothing to step over,
+hundreds when it has). And into a tmpfs folder (``--tmpfs``, default ``/dev/shm``
+when it exists): the exporter's own cost. After one more upload the export into the same folder
+renders only the pages whose inputs changed (``rendered``) and links every other file (``unchanged``).
+
+``--against DIR`` (another checkout with its own ``.venv``, e.g. the main branch's) also runs that
+checkout's exporter and this one's, each in a fresh process, alternately on the same database and
+folders, and reports each side's medians and their ratio (this one / DIR's).
 """
 
 from __future__ import annotations
@@ -24,10 +36,12 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -44,20 +58,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-size", type=int, default=100)
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/site.json")
     parser.add_argument("--tmpfs", type=Path, default=Path("/dev/shm") if Path("/dev/shm").is_dir() else None)
+    parser.add_argument("--disk", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--quiet-disk", type=Path, default=ROOT / "bench/results")
+    parser.add_argument("--against", type=Path, default=None, help="another checkout (with .venv) to compare with")
     args = parser.parse_args(argv)
+    args.quiet_disk.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="ale-site-bench-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="ale-site-bench-", dir=args.disk) as tmp,
+        tempfile.TemporaryDirectory(prefix=".site-bench-", dir=args.quiet_disk) as quiet,
+    ):
         database, site = Path(tmp) / "verifier.sqlite3", Path(tmp) / "site"
         started = time.perf_counter()
         ids = site_fixtures.fill_many(database, args.submissions)
         fill_s = time.perf_counter() - started
-        times = []
+        times, quiet_times, probes, quiet_probes = [], [], [], []
         report = None
         for i in range(args.rounds):  # cold: a fresh folder each round
+            probes.append(_create_us(Path(tmp) / f"probe-{i}"))
             started = time.perf_counter()
             report = export.export_site(database, site.with_name(f"site-{i}"), docs_dir=ROOT / "docs",
                                         page_size=args.page_size)  # fmt: skip
             times.append(time.perf_counter() - started)
+            quiet_probes.append(_create_us(Path(quiet) / f"probe-{i}"))
+            started = time.perf_counter()
+            export.export_site(database, Path(quiet) / f"site-{i}", docs_dir=ROOT / "docs", page_size=args.page_size)
+            quiet_times.append(time.perf_counter() - started)
         assert report is not None
         os.rename(site.with_name(f"site-{args.rounds - 1}"), site)
         os.rename(export.inputs_path(site.with_name(f"site-{args.rounds - 1}")), export.inputs_path(site))
@@ -65,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         export.export_site(database, Path(tmp) / "one-process", docs_dir=ROOT / "docs", page_size=args.page_size,
                            jobs=1)  # fmt: skip
         one_process_s = time.perf_counter() - started
+        side_by_side = (
+            _side_by_side(
+                args.against, database, [args.disk, args.quiet_disk, *([args.tmpfs] if args.tmpfs else [])], args
+            )
+            if args.against is not None
+            else None
+        )
         tmpfs_times = []
         if args.tmpfs is not None:
             for _ in range(args.rounds):
@@ -89,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, size in pages.items():
             kind = name.split("/")[0] if "/" in name else "board"
             by_kind.setdefault(kind, []).append(size)
-        result = {
+        result: dict[str, Any] = {
             "benchmark": "static-site export",
             "ale_verify": __version__,
             "python": platform.python_version(),
@@ -107,7 +140,18 @@ def main(argv: list[str] | None = None) -> int:
             },
             "fill_database_s": round(fill_s, 3),
             "database_bytes": database.stat().st_size,
-            "export_s": {"median": round(statistics.median(times), 3), "rounds": [round(t, 3) for t in times]},
+            "export_s": {
+                "median": round(statistics.median(times), 3),
+                "rounds": [round(t, 3) for t in times],
+                "folder": str(args.disk),
+                "create_us": probes,
+            },
+            "quiet_disk_export_s": {
+                "median": round(statistics.median(quiet_times), 3),
+                "rounds": [round(t, 3) for t in quiet_times],
+                "folder": str(args.quiet_disk),
+                "create_us": quiet_probes,
+            },
             "export_ms_per_submission": round(statistics.median(times) * 1000 / report.submissions, 3),
             "tmpfs_export_s": {
                 "median": round(statistics.median(tmpfs_times), 3) if tmpfs_times else None,
@@ -132,13 +176,18 @@ def main(argv: list[str] | None = None) -> int:
             },
             "leaderboard_csv_bytes": (site / "leaderboard.csv").stat().st_size,
             "leaderboard_json_bytes": (site / "leaderboard.json").stat().st_size,
+            "side_by_side": side_by_side,
         }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(
-        f"export of {report.submissions} submissions: {result['export_s']['median']} s median "
-        f"({result['export_ms_per_submission']} ms per submission; database fill {result['fill_database_s']} s)"
+        f"export of {report.submissions} submissions on disk ({args.disk}): {result['export_s']['median']} s median "
+        f"{result['export_s']['rounds']} ({result['export_ms_per_submission']} ms per submission; database fill "
+        f"{result['fill_database_s']} s; a new file there {probes} us)"
     )
+    q = result["quiet_disk_export_s"]
+    print(f"on disk in a folder of the repository's ({args.quiet_disk}): {q['median']} s median {q['rounds']} "
+          f"(a new file there {quiet_probes} us)")  # fmt: skip
     if tmpfs_times:
         print(f"into a tmpfs folder ({args.tmpfs}): {result['tmpfs_export_s']['median']} s median")
     print(f"one process: {result['one_process_export_s']} s; worker processes: {result['workers_speedup']}x faster")
@@ -147,10 +196,61 @@ def main(argv: list[str] | None = None) -> int:
         f"after one more upload: {inc['export_s']} s, {inc['rendered']} of {inc['pages']} pages rendered, "
         f"{inc['rewritten']} of {inc['files']} files rewritten"
     )
+    if side_by_side is not None:
+        for where, row in side_by_side["folders"].items():
+            print(f"side by side in {where}: this checkout {row['this']} s, {args.against} {row['against']} s "
+                  f"(medians; ratio {row['ratio']})")  # fmt: skip
     print(f"load average {result['machine']['loadavg_start']} at start, {result['machine']['loadavg_end']} at end")
     print(f"board page index.html: {result['board_page_bytes']} bytes; largest page {largest[0]}: {largest[1]} bytes")
     print(f"site: {report.files} files, {report.pages} pages, {report.bytes} bytes; written {args.out}")
     return 0
+
+
+def _create_us(folder: Path, count: int = 400) -> float:
+    """Microseconds per new file in ``folder`` (made, written, closed): the disk's allocator state."""
+    folder.mkdir()
+    started = time.perf_counter()
+    for i in range(count):
+        fd = os.open(folder / f"{i}.html", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"<!DOCTYPE html>\n")
+        os.close(fd)
+    return round((time.perf_counter() - started) * 1e6 / count, 1)
+
+
+#: run by each side's own interpreter: its exporter, cold into a fresh folder, timed around the call
+_ONE_EXPORT = """
+import json, sys, time
+from pathlib import Path
+root, database, out, page_size = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
+sys.path.insert(0, str(root))
+from ale_verify import export
+started = time.perf_counter()
+export.export_site(database, out, docs_dir=root / "docs", page_size=page_size)
+print(json.dumps(time.perf_counter() - started))
+"""
+
+
+def _side_by_side(against: Path, database: Path, folders: list[Path], args: argparse.Namespace) -> dict[str, Any]:
+    """This checkout's and ``against``'s exporter, each in a fresh process, alternately, ``--rounds``
+    times in each of ``folders``: the medians and their ratio."""
+    sides = {"this": ROOT, "against": against.resolve()}
+    out: dict[str, dict[str, Any]] = {}
+    for folder in folders:
+        times: dict[str, list[float]] = {"this": [], "against": []}
+        # every site kept until the end: deleting one would slow the next one's new files (the docstring)
+        with tempfile.TemporaryDirectory(prefix=".site-bench-sides-", dir=folder) as tmp:
+            for i in range(args.rounds):
+                for side, root in sides.items():
+                    run = subprocess.run(
+                        [str(root / ".venv/bin/python"), "-c", _ONE_EXPORT, str(root), str(database),
+                         str(Path(tmp) / f"{side}-{i}"), str(args.page_size)],
+                        capture_output=True, text=True, check=True, cwd=root,
+                    )  # fmt: skip
+                    times[side].append(round(float(run.stdout.strip().splitlines()[-1]), 3))
+        this, theirs = statistics.median(times["this"]), statistics.median(times["against"])
+        out[str(folder)] = {"this": round(this, 3), "against": round(theirs, 3), "ratio": round(this / theirs, 2),
+                            "rounds": times}  # fmt: skip
+    return {"against": str(against), "folders": out}
 
 
 if __name__ == "__main__":

@@ -855,6 +855,10 @@ def test_the_shard_workers_read_every_row_once(sharded: Path) -> None:
     assert [len(p.rows) for p in parts] == [40, 1, 159, len(keys) - 200]
     assert [r for p in parts for r in p.rows] == whole.rows
     assert {k: v for p in parts for k, v in p.history.items()} == whole.history
+    # as a shard worker reads them (the database's order: the exporting process orders the entries)
+    unordered = [export.read_rows(sharded, start, stop, ordered=False) for start, stop in itertools.pairwise(bounds)]
+    assert [sorted(p.rows) for p in unordered] == [sorted(p.rows) for p in parts]
+    assert [p.history for p in unordered] == [p.history for p in parts]
 
 
 def test_a_hostile_id_in_a_shard_fails_the_export_and_leaves_no_worker(
@@ -935,3 +939,127 @@ def test_the_joined_output_code_generator_writes_what_jinja_writes(
     assert export.Site(tmp_path / "s", docs_dir=None, page_size=10, top_n=3).env.code_generator_class is (
         jinja2.compiler.CodeGenerator
     )
+
+
+def test_the_exports_are_written_by_the_exporting_process_while_the_page_workers_run(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With worker processes the CSV/JSON exports are this process's share of the page work
+    (Site._run's ``own``): written here, the same bytes as one process writes."""
+    ran_in: list[int] = []
+    exports = export.Site._exports
+
+    def spy(self: Any, *args: Any) -> None:
+        ran_in.append(os.getpid())
+        exports(self, *args)
+
+    forks: list[int] = []
+    run = export.Site._run
+
+    def counted(self: Any, work: list[Any], **kw: Any) -> None:
+        forks.append(len(work))
+        run(self, work, **kw)
+
+    monkeypatch.setattr(export.Site, "_exports", spy)
+    monkeypatch.setattr(export.Site, "_run", counted)
+    two = _export(sharded, tmp_path / "two", jobs=2, page_size=2)  # pages enough for the page workers
+    assert forks[0] >= export.PARALLEL_FROM
+    assert ran_in == [os.getpid()]
+    one = _export(sharded, tmp_path / "one", jobs=1, page_size=2)
+    assert _tree(one) == _tree(two)
+
+
+def test_a_failing_export_in_the_exporting_process_leaves_no_page_worker_or_stage(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error in the exporting process's own share (here the exports) while the page workers
+    run is the export's error: the previous site stays, no stage folder or worker is left."""
+    site = _export(sharded, tmp_path / "site", jobs=2, page_size=2)  # pages enough for the page workers
+    before = _tree(site)
+    pools: list[Any] = []
+    pool_class = export.ProcessPoolExecutor
+
+    class Spy(pool_class):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            pools.append(self)
+
+    def fail(self: Any, *args: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(export, "ProcessPoolExecutor", Spy)
+    monkeypatch.setattr(export.Site, "_exports", fail)
+    with pytest.raises(OSError, match="disk full"):
+        _export(sharded, tmp_path / "site", jobs=2, page_size=2)
+    assert len(pools) == 1
+    assert not any(p.is_alive() for pool in pools for p in (pool._processes or {}).values())
+    assert _tree(site) == before
+    assert not [p.name for p in tmp_path.iterdir() if ".new-" in p.name or ".old-" in p.name]
+
+
+def test_warmed_templates_are_not_loaded_or_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Site.warm loads a template and its digest once, before the workers fork: a page rendered
+    after it reads neither the template's source nor parses it again."""
+    site = export.Site(tmp_path / "out", docs_dir=None, page_size=10, top_n=3)
+    site.warm(("tasks.html",))
+    digest = site.template_digest("tasks.html")
+    loader = site.env.loader
+    assert loader is not None
+
+    def refuse(*_args: Any, **_kw: Any) -> Any:
+        raise AssertionError("loaded again")
+
+    monkeypatch.setattr(loader, "get_source", refuse)
+    monkeypatch.setattr(site.env, "parse", refuse)
+    site.chrome = {"version": "v", "release": "r", "export_doc": False}
+    site.page("tasks/index.html", "tasks.html", title="Tasks", section="tasks", site=site.chrome, tasks=[])
+    assert site.template_digest("tasks.html") == digest
+    assert (tmp_path / "out" / "tasks" / "index.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_shard_workers_that_sent_their_pages_end_on_their_own_while_the_manifest_is_written(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exporting process writes the manifest while the shard workers, done, end (_Shards.close
+    then waits for them): none is terminated, each ends with status 0."""
+    workers: list[Any] = []
+    terminated: list[Any] = []
+    close = export._Shards.close
+
+    def spy(self: Any) -> None:
+        workers.extend(self.procs)
+        assert self.done
+        for proc in self.procs:
+            monkeypatch.setattr(proc, "terminate", lambda proc=proc: terminated.append(proc))
+        close(self)
+
+    monkeypatch.setattr(export._Shards, "close", spy)
+    site = _export(sharded, tmp_path / "site", jobs=2)
+    assert len(workers) == 2
+    assert not terminated
+    assert [p.exitcode for p in workers] == [0, 0]
+    assert (site / export.MANIFEST).is_file()
+
+
+def _fmt_ci_as_it_was(bounds: Any) -> Markup:
+    """fmt_ci before its fast path: Markup() around fmt_score's text of each bound."""
+    if bounds is None:
+        return Markup("")
+    low, high = export.fmt_score(bounds[0]), export.fmt_score(bounds[1])
+    return Markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{low}–{high}</span>')
+
+
+_BOUND = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.none())
+
+
+@pytest.mark.fuzz
+@given(bounds=st.one_of(st.none(), st.tuples(_BOUND, _BOUND)))
+@fuzz_settings
+def test_fmt_ci_writes_what_markup_around_fmt_score_writes(bounds: Any) -> None:
+    """The interval filter's fast path (a float's text formatted in place, the Markup made by str)
+    writes the same characters, as the same type, as Markup(...) around fmt_score's text did:
+    -0.0, NaN, infinities, ints and None bounds included."""
+    fast, slow = export.fmt_ci(bounds), _fmt_ci_as_it_was(bounds)
+    assert type(fast) is Markup
+    assert str(fast) == str(slow)
+    assert markupsafe.escape(fast) == fast  # safe: escaping leaves it as it is

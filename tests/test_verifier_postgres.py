@@ -8,6 +8,7 @@ tests here are the ones about the engines themselves.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sqlite3
@@ -599,3 +600,24 @@ def test_a_switch_to_wal_waits_for_another_connections_write_lock_instead_of_dat
         holder.close()
     with sqlite3.connect(path) as check:
         assert check.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_the_export_reads_a_key_range_unordered_as_ordered_on_either_engine(
+    tmp_path: Path, pg_cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard worker's read of its key range in the database's order (read_rows ordered=False)
+    reads the rows and history the ordered read reads, on SQLite and on PostgreSQL."""
+    sqlite, postgres = tmp_path / "v.sqlite3", pg_cluster.new_database("export_ranges")
+    with monkeypatch.context() as m:
+        m.setattr(time, "time", lambda: 1_800_000_000.25)
+        assert sf.fill_mix(sqlite) == sf.fill_mix(postgres)  # type: ignore[arg-type]
+    for database in (sqlite, postgres):
+        keys = export.read_keys(database)
+        assert len(keys) >= 4
+        bounds = [None, keys[1], keys[len(keys) // 2], None]
+        for start, stop in itertools.pairwise(bounds):
+            ordered = export.read_rows(database, start, stop)
+            unordered = export.read_rows(database, start, stop, ordered=False)
+            assert ordered.rows
+            assert sorted(map(tuple, unordered.rows)) == sorted(map(tuple, ordered.rows))
+            assert unordered.history == ordered.history

@@ -106,6 +106,11 @@ CSV_COLUMNS = (
     "run_id", "ciphertext_sha256", "merkle_root",
     "judged_faithful", "judged_unfaithful", "unjudged", "judging_pending", "judged_by",
 )  # fmt: skip
+#: each category's columns of the exports' rows: (category, rank, score, lower, upper)
+_CATEGORY_COLUMNS = tuple(
+    (category, f"rank_{category}", f"score_{category}", f"lower_{category}", f"upper_{category}")
+    for category, *_ in CATEGORIES
+)
 #: The judgement columns: each lists the completed reproduction tasks in that state (judging.STATES).
 JUDGEMENT_COLUMNS = ("judged_faithful", "judged_unfaithful", "unjudged", "judging_pending")
 
@@ -155,9 +160,23 @@ def fmt_score(value: float | None) -> str:
 def fmt_ci(bounds: tuple[float, float] | None) -> Markup:
     """A 95% interval after its score (docs/intervals.md), or nothing where there is none."""
     if bounds is None:
-        return Markup("")
-    low, high = fmt_score(bounds[0]), fmt_score(bounds[1])  # digits and a point: nothing to escape
-    return Markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{low}–{high}</span>')
+        return _NO_MARKUP
+    low, high = bounds
+    if type(low) is float and type(high) is float:  # a stored interval's (ranking.stored_bounds): fmt_score's text
+        text = f"{low:.3f}–{high:.3f}"
+    else:
+        text = f"{fmt_score(low)}–{fmt_score(high)}"
+    # digits, signs and points: nothing to escape. The Markup made as str makes it (markupsafe's
+    # Markup.__new__ is Python: a third of this filter's time, on every row of every board)
+    return _markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{text}</span>')
+
+
+def _markup(text: str) -> Markup:
+    """``Markup(text)`` for a str ``text`` (what its ``__new__`` makes of one), made by str's own."""
+    return str.__new__(Markup, text)
+
+
+_NO_MARKUP = Markup("")
 
 
 def fmt_rate(value: float | None) -> str:
@@ -895,6 +914,7 @@ class Site:
         self.markdown = Markdown(self._resolve)
         self.code_digest = _code_digest(self.release, self.specs)
         self._template_digests: dict[str, bytes] = {}
+        self._closures: dict[str, tuple[str, ...]] = {}  # each digested template's (_closure)
 
     # files
 
@@ -970,26 +990,38 @@ class Site:
     def template_digest(self, name: str) -> bytes:
         """SHA-256 of a template's source and of every template it extends, includes or imports."""
         if name not in self._template_digests:
-            loader = self.env.loader
-            assert loader is not None
-            h = hashlib.sha256()
-            seen: set[str] = set()
-            todo = [name, "macros.html"]  # the badges (env.globals) are rendered by macros.html
-            while todo:
-                current = todo.pop()
-                if current in seen:
-                    continue
-                seen.add(current)
-                source, _, _ = loader.get_source(self.env, current)
-                h.update(f"{current} {len(source)}\n{source}".encode())
-                referenced = jinja2.meta.find_referenced_templates(self.env.parse(source))
-                for ref in referenced:
-                    if ref is None:  # a name computed at render time: every template, to be safe
-                        todo += self.env.list_templates()
-                    else:
-                        todo.append(ref)
-            self._template_digests[name] = h.digest()
+            self._template_digests[name], self._closures[name] = self._closure(name)
         return self._template_digests[name]
+
+    def _closure(self, name: str) -> tuple[bytes, tuple[str, ...]]:
+        """:meth:`template_digest` of ``name`` and the templates it covers, in the order digested."""
+        loader = self.env.loader
+        assert loader is not None
+        h = hashlib.sha256()
+        seen: dict[str, None] = {}
+        todo = [name, "macros.html"]  # the badges (env.globals) are rendered by macros.html
+        while todo:
+            current = todo.pop()
+            if current in seen:
+                continue
+            seen[current] = None
+            source, _, _ = loader.get_source(self.env, current)
+            h.update(f"{current} {len(source)}\n{source}".encode())
+            referenced = jinja2.meta.find_referenced_templates(self.env.parse(source))
+            for ref in referenced:
+                if ref is None:  # a name computed at render time: every template, to be safe
+                    todo += self.env.list_templates()
+                else:
+                    todo.append(ref)
+        return h.digest(), tuple(seen)
+
+    def warm(self, templates: Sequence[str]) -> None:
+        """Load ``templates``, every template they use and their digests now: a forked worker
+        inherits them, loaded and parsed once."""
+        for name in templates:
+            self.template_digest(name)
+            for used in self._closures[name]:
+                self.env.get_template(used)
 
     def _reuse(self, rel: str, key: str) -> bool:
         """Link the previous export's ``rel`` when it was rendered from the inputs ``key``."""
@@ -1042,14 +1074,16 @@ class Site:
         keys = read_keys(database) if self.jobs > 1 else []
         shards = _Shards(self, database, keys) if len(keys) >= PARALLEL_FROM else None
         try:
+            if shards is not None:  # while they build the entries: what the forked page workers inherit
+                self.warm(("board.html", "task.html", "tasks.html"))
             rows = read_rows(database) if shards is None else None
             own = [] if rows is None else self.submissions(rows, 0, len(rows.rows))
             entries = shards.entries() if shards is not None else [sub.entry for sub in own]
             ranked = self._build(entries, own, shards)
+            self._manifest()  # while the workers, done, end
         finally:
             if shards is not None:
                 shards.close()
-        self._manifest()
         return ExportReport(
             directory=self.out,
             files=len(self.files),
@@ -1067,12 +1101,14 @@ class Site:
         boards, task_boards = rank_all(entries, [task.spec.ref for task in self.tasks.values()])
         if shards is not None:
             shards.render()  # the workers render their submission pages meanwhile
+        for e in entries:  # before the page workers fork: each would digest the entries it shows
+            e.fingerprint()
         self.board_site = self.chrome | {
             "submissions": len(entries),
             "latest": max((e.received_at for e in entries), default=None),
             "cap": fmt_value(self.release.cap),
         }
-        work: list[Callable[[], None]] = [lambda: self._exports(entries, boards)]
+        work: list[Callable[[], None]] = []
         unscored = [e for e in entries if e.scores["overall"] is None]
         for category, label, first, stem in CATEGORIES:
             work += self._board(
@@ -1082,7 +1118,8 @@ class Site:
         if shards is None:
             work += self._docs()
             work += [lambda sub=sub: self._submission(sub) for sub in own]  # type: ignore[misc]
-        self._run(work)
+        # the CSV/JSON exports: this process, while the page workers render the rest
+        self._run(work, own=[lambda: self._exports(entries, boards)])
         if shards is not None:
             shards.collect()
         return len(boards["overall"][0])
@@ -1103,24 +1140,28 @@ class Site:
         self.unchanged += unchanged
         self.rendered += rendered
 
-    def _run(self, work: list[Callable[[], None]]) -> None:
-        """Run every item of ``work`` (each renders pages or writes files): in ``jobs`` forked
-        worker processes when there are many. Each worker runs chunks of consecutive items and
-        sends back only what the manifest needs (the files it wrote, its counts); the items and
-        everything they read are inherited from this process, never pickled."""
+    def _run(self, work: list[Callable[[], None]], *, own: Sequence[Callable[[], None]] = ()) -> None:
+        """Run every item of ``work`` (each renders pages or writes files): in forked worker
+        processes when there are many, while this process runs ``own``. Each worker runs chunks of
+        consecutive items and sends back only what the manifest needs (the files it wrote, its
+        counts); the items and everything they read are inherited from this process, never pickled."""
         if self.jobs == 1 or len(work) < PARALLEL_FROM:
-            for item in work:
+            for item in [*own, *work]:
                 item()
             return
         self._folders_made()
         global _WORK
         _WORK = (self, work)
-        step = max(1, len(work) // (self.jobs * 8))
+        workers = max(1, self.jobs - 1) if own else self.jobs  # this process is one of them
+        step = max(1, len(work) // (workers * 8))
         chunks = [(i, min(i + step, len(work))) for i in range(0, len(work), step)]
         gc.freeze()  # the forked workers share this process's objects without touching them
         try:
-            with ProcessPoolExecutor(self.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-                for counts in pool.map(_run_chunk, chunks):
+            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                results = pool.map(_run_chunk, chunks)
+                for item in own:
+                    item()
+                for counts in results:
                     self._add(counts)
         finally:
             _WORK = None
@@ -1332,15 +1373,14 @@ class Site:
                 "level": e.level,
                 "revoked": e.revoked,
             }
-            for category, *_ in CATEGORIES:
-                lower, upper = e.intervals[category] or (None, None)
-                row[f"rank_{category}"] = e.ranks.get(category)
-                row[f"score_{category}"] = e.scores[category]
-                row[f"lower_{category}"] = lower
-                row[f"upper_{category}"] = upper
+            for category, rank, score, low, high in _CATEGORY_COLUMNS:
+                row[rank] = e.ranks.get(category)
+                row[score] = e.scores[category]
+                row[low], row[high] = e.intervals[category] or (None, None)
             states: dict[str, list[str]] = {state: [] for state in JUDGEMENT_COLUMNS}
             judged_by = []
-            for ref, j in sorted(e.judgements.items()):
+            judgements = sorted(e.judgements.items())
+            for ref, j in judgements:
                 if j["state"] in states:
                     states[j["state"]].append(ref)
                 if j["judged_by"]:
@@ -1370,7 +1410,7 @@ class Site:
                 **states,
                 "judged_by": judged_by,
                 "task_finals": dict(sorted(e.finals.items())),
-                "task_judgements": dict(sorted(e.judgements.items())),
+                "task_judgements": dict(judgements),
             }
             out.append(row)
         return out
@@ -1449,6 +1489,7 @@ class _Shards:
         self.procs: list[multiprocessing.process.BaseProcess] = []
         self.conns: list[Connection] = []
         self.parts: list[list[Entry]] = []
+        self.done = False  # every worker sent its pages (collect)
         context = multiprocessing.get_context("fork")
         global _SHARD
         _SHARD = (site, database)
@@ -1477,11 +1518,11 @@ class _Shards:
             conn.send([(e.ranks, e.task_ranks) for e in part])
 
     def collect(self) -> None:
-        """Add each worker's files, page digests and counts to the site's."""
+        """Add each worker's files, page digests and counts to the site's (the workers, done,
+        end meanwhile: :meth:`close` waits for them)."""
         for k in range(len(self.conns)):
             self.site._add(self._receive(k, "pages"))
-        for proc in self.procs:
-            proc.join()
+        self.done = True
 
     def _receive(self, k: int, what: str) -> Any:
         try:
@@ -1496,8 +1537,9 @@ class _Shards:
         return value
 
     def close(self) -> None:
+        """Wait for the workers to end (ended first, unless every one sent its pages)."""
         for proc in self.procs:
-            if proc.is_alive():
+            if not self.done and proc.is_alive():
                 proc.terminate()
             proc.join()
         for conn in self.conns:
@@ -1510,11 +1552,13 @@ def _shard_main(conn: Connection, start: Key | None, stop: Key | None, docs: boo
     site, database = _SHARD
     site._reset()
     try:
-        rows = read_rows(database, start, stop)
+        rows = read_rows(database, start, stop, ordered=False)  # the exporting process orders the entries
         part = site.submissions(rows, 0, len(rows.rows))
+        del rows  # the rows as read (their JSON text): its memory is the pages' now
         conn.send(("entries", [sub.entry for sub in part]))
         if docs:
             site._docs_pages()
+        site.warm(("submission.html",))  # while the exporting process ranks the entries
         site.prepare(part, conn.poll)  # while the exporting process ranks the entries
         for sub, (ranks, task_ranks) in zip(part, conn.recv(), strict=True):
             sub.entry.ranks, sub.entry.task_ranks = ranks, task_ranks
@@ -1694,9 +1738,9 @@ def _previous_inputs(out: Path) -> dict[str, str]:
     return {name: key for name, key in pages.items() if isinstance(key, str)}
 
 
-def _write_inputs(out: Path, inputs: dict[str, str]) -> None:
-    """Record the pages' input digests for the next export (written beside, then renamed)."""
-    manifest = hashlib.sha256((out / MANIFEST).read_bytes()).hexdigest()
+def _write_inputs(out: Path, inputs: dict[str, str], manifest: str) -> None:
+    """Record the pages' input digests for the next export (written beside, then renamed), with
+    the SHA-256 of the manifest they belong to (as the export wrote it: not read back)."""
     doc = {"schema": INPUTS_SCHEMA, "manifest_sha256": manifest, "pages": dict(sorted(inputs.items()))}
     target = inputs_path(out)
     tmp = target.with_name(f"{target.name}.{secrets.token_hex(4)}")
@@ -1743,9 +1787,10 @@ def read_keys(database: db.Where) -> list[Key]:
         return [(at, ident) for at, ident in cursor.fetchall()]
 
 
-def read_rows(database: db.Where, start: Key | None = None, stop: Key | None = None) -> Rows:
-    """The accepted submissions (those from ``start`` on and before ``stop``, in upload order)
-    and their audit history, not decoded."""
+def read_rows(database: db.Where, start: Key | None = None, stop: Key | None = None, *, ordered: bool = True) -> Rows:
+    """The accepted submissions (those from ``start`` on and before ``stop``, in upload order;
+    ``ordered=False``: in the database's order, for a reader that orders them itself, so that the
+    database does not sort whole rows) and their audit history, not decoded."""
     where, params = "s.status = ?", list[Any](["accepted"])
     if start is not None:
         where += " AND (s.received_at > ? OR (s.received_at = ? AND s.id >= ?))"
@@ -1754,7 +1799,8 @@ def read_rows(database: db.Where, start: Key | None = None, stop: Key | None = N
         where += " AND (s.received_at < ? OR (s.received_at = ? AND s.id < ?))"
         params += [stop[0], stop[0], stop[1]]
     with db.connect(database) as s:
-        cursor = s.execute(f"SELECT * FROM submissions s WHERE {where} ORDER BY s.received_at, s.id", params)
+        order = " ORDER BY s.received_at, s.id" if ordered else ""
+        cursor = s.execute(f"SELECT * FROM submissions s WHERE {where}{order}", params)
         names = tuple(d[0] for d in cursor.description)
         rows = cursor.fetchall()
         history = s.rows(
@@ -1822,12 +1868,13 @@ def export_site(
     enabled = gc.isenabled()
     gc.disable()  # a site's data is many small objects and no cycles: collecting finds nothing
     try:
-        report, inputs = _build(database, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n, jobs=jobs)
+        report, inputs, manifest = _build(database, out, docs_dir=docs_dir, page_size=page_size, top_n=top_n,
+                                          jobs=jobs)  # fmt: skip
     finally:
         if enabled:
             gc.enable()
     try:
-        _write_inputs(out, inputs)
+        _write_inputs(out, inputs, manifest)
     except OSError:
         inputs_path(out).unlink(missing_ok=True)  # the next export renders every page
     return report
@@ -1835,7 +1882,7 @@ def export_site(
 
 def _build(
     database: db.Where, out: Path, *, docs_dir: Path | None, page_size: int, top_n: int, jobs: int | None
-) -> tuple[ExportReport, dict[str, str]]:
+) -> tuple[ExportReport, dict[str, str], str]:
     out.parent.mkdir(parents=True, exist_ok=True)
     previous = _previous(out)
     previous_inputs = _previous_inputs(out) if previous is not None else {}
@@ -1856,4 +1903,4 @@ def _build(
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
-    return attrs.evolve(report, directory=out), site.inputs
+    return attrs.evolve(report, directory=out), site.inputs, site.files[MANIFEST][0]
