@@ -288,17 +288,13 @@ def _timed(fn: Any) -> tuple[float, Any]:
 
 
 def _zstd_stream(data: bytes | memoryview) -> bytes:
+    import zstandard
+
     out = []
-    with zstandard_module().ZstdDecompressor().stream_reader(data, read_across_frames=False) as reader:
+    with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=False) as reader:
         while chunk := reader.read(MIB):
             out.append(chunk)
     return b"".join(out)
-
-
-def zstandard_module() -> Any:
-    import zstandard
-
-    return zstandard
 
 
 def floor_once(ciphertext: bytes, identity: str, member: tuple[int, int]) -> dict[str, float]:
@@ -308,10 +304,10 @@ def floor_once(ciphertext: bytes, identity: str, member: tuple[int, int]) -> dic
     each zstd frame by zstd's one-shot or its streaming decoder; SHA-256 of the ciphertext, the tar
     and the trajectory."""
     import pyrage
+    import zstandard as zstd
 
     from ale.core import bundle
 
-    zstd = zstandard_module()
     cpu0 = time.process_time()
     key = pyrage.x25519.Identity.from_str(identity)
     pyrage_s, plain = _timed(lambda: pyrage.decrypt(ciphertext, [key]))

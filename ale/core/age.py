@@ -192,8 +192,3 @@ def payload_chunks(data: bytes | memoryview, start: int, key: bytes) -> Iterator
             yield aead.decrypt(nonce, chunk, None)
         except InvalidTag:
             raise AgeError(f"chunk {counter} of the payload does not authenticate") from None
-
-
-def payload(data: bytes, start: int, key: bytes) -> bytes:
-    """The whole payload's plaintext (:func:`payload_chunks` joined)."""
-    return b"".join(payload_chunks(data, start, key))

@@ -23,6 +23,7 @@ import attrs
 
 from ale.core.parse import Scalar, non_negative
 from ale.core.results import Ended
+from ale.core.trajectory import WALL_TIME
 
 MANIFEST_SCHEMA = "ale-bundle-manifest/v1"
 FAITHFULNESS_SCHEMA = "ale-faithfulness/v2"
@@ -320,12 +321,9 @@ ACTIVE_SLACK_S = 1e-3
 def wall_seconds(text: str) -> float:
     """Seconds since the epoch of a wall time as the formats write it (RFC 3339 UTC, six
     fractional digits, a Z): ValueError for any other text."""
-    if not _WALL_TIME.fullmatch(text):
+    if not WALL_TIME.fullmatch(text):
         raise ValueError(f"{text!r} is not an RFC 3339 UTC time with six fractional digits and a Z")
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp()
-
-
-_WALL_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z", re.ASCII)
 
 
 @attrs.frozen

@@ -55,7 +55,8 @@ PRODUCERS = ("trusted_harness", "trusted_evaluator", "trusted_network_proxy", "u
 FIELDS = frozenset(
     {"schema", "seq", "producer", "producer_sequence", "wall_time", "monotonic", "kind", "data", "prev_hash", "hash"}
 )
-_WALL_TIME = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z$")
+#: a wall time as the formats write it (RFC 3339 UTC, six fractional digits, a Z)
+WALL_TIME = re.compile(r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{6}Z$")
 _KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MAX_LINE_BYTES = 1 << 20
@@ -328,7 +329,7 @@ _MEMBER_RULES: tuple[tuple[str, Callable[[Any, str], bool], str, Callable[[Any],
     ("producer", lambda v, _: type(v) is str and v in _PRODUCER_SET, "bad_producer",
      lambda v: f"unknown producer {_shown(v)}"),
     ("kind", lambda v, _: _kind_ok(v), "bad_kind", lambda _: "kind is not a lowercase identifier"),
-    ("wall_time", lambda v, _: type(v) is str and _WALL_TIME.fullmatch(v) is not None, "bad_time",
+    ("wall_time", lambda v, _: type(v) is str and WALL_TIME.fullmatch(v) is not None, "bad_time",
      lambda _: "wall_time is not RFC 3339 UTC with microseconds"),
     ("monotonic", lambda v, _: type(v) is float or type(v) is int, "bad_time", lambda _: "monotonic is not a number"),
     ("data", lambda v, _: type(v) is dict, "bad_data", lambda _: "data is not an object"),
@@ -529,7 +530,7 @@ class _Scan:
         # which name the fault.
         view, find, rfind, startswith = memoryview(chunk), chunk.find, chunk.rfind, chunk.startswith
         loads, dumps, orjson_errors = orjson.loads, orjson.dumps, (orjson.JSONDecodeError, orjson.JSONEncodeError)
-        sha256, wall_time_ok, hex64, non_bmp = hashlib.sha256, _WALL_TIME.fullmatch, _HEX64.fullmatch, NON_BMP.search
+        sha256, wall_time_ok, hex64, non_bmp = hashlib.sha256, WALL_TIME.fullmatch, _HEX64.fullmatch, NON_BMP.search
         low, high = ORJSON_EXPONENT_BAND
         bits, structural, tallied = grammar.BITS, self._structural, netstats.TALLIED
         first_line, first_of, counts, kinds, tokens = (
@@ -760,8 +761,8 @@ _BULK_BYTES = 128 * 1024
 #: microsecond or two, whatever the batch: over 90 lines of 1.4 KB that is 0.5 us a line)
 _BULK_LINES = 180
 _WALL_TIME_LENGTH = len("2026-11-30T04:28:38.123456Z")
-#: a wall time with each (ASCII) digit written as 0: _WALL_TIME's form, so that a string of
-#: _WALL_TIME_LENGTH characters matches _WALL_TIME exactly when _DIGITS_TO_ZERO makes it this
+#: a wall time with each (ASCII) digit written as 0: WALL_TIME's form, so that a string of
+#: _WALL_TIME_LENGTH characters matches WALL_TIME exactly when _DIGITS_TO_ZERO makes it this
 _WALL_TIME_FORM = "0000-00-00T00:00:00.000000Z"
 _DIGITS_TO_ZERO = str.maketrans("0123456789", "0" * 10)
 _SHA256_DIGEST = type(hashlib.sha256()).digest
