@@ -368,9 +368,45 @@ EXPORT_FACTS = (
 
 
 def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any]) -> Submission:
-    """A decoded database row (``digest``: its :func:`_row_digest`) as its entry and page see it."""
+    """A decoded database row (``digest``: its :func:`_row_digest`) as its entry and page see it.
+    A row that is not one the verifier writes (a summary of another shape, a score that is not a
+    number) is an :class:`ExportError` naming it (:class:`RowFault`): every value an entry holds
+    for the boards, the ranks and the exports is of its type, so that they cannot fail on it."""
     if not _SAFE_ID.match(str(row["id"])):
         raise ExportError(f"submission id {row['id']!r} cannot name a file")
+    with RowFault(row["id"]):
+        return _build_submission(row, digest, specs)
+
+
+class RowFault:
+    """Any error but an :class:`ExportError` raised while a submission's row is built, its page's
+    context prepared or its page rendered, as an ExportError naming the submission and the fault:
+    the export fails with one clear line and leaves the previous site as it was."""
+
+    __slots__ = ("ident",)
+
+    def __init__(self, ident: Any) -> None:
+        self.ident = ident
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: Any) -> None:
+        if exc is not None and isinstance(exc, Exception) and not isinstance(exc, ExportError):
+            raise ExportError(
+                f"submission {self.ident!r}: its database row is not one the verifier writes"
+                f" ({type(exc).__name__}: {_clip(str(exc), 200)})"
+            ) from exc
+
+
+def _number_or_none(value: Any, what: str) -> float | int | None:
+    """``value`` when it is None or a number (not a bool), else an error naming ``what``."""
+    if value is None or type(value) is float or type(value) is int:
+        return value
+    raise TypeError(f"{what} is {type(value).__name__}, not a number")
+
+
+def _build_submission(row: dict[str, Any], digest: str, specs: dict[str, Any]) -> Submission:
     s = _NO_SUMMARY | row["summary"]
     s["tasks"] = tasks = [_NO_TASK | t for t in s["tasks"] or [] if isinstance(t, dict)]
     agent = s["agent"] or {}
@@ -383,7 +419,7 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
     categories = s["categories"] or {}
     genres = ranking.task_genres(s, covered + list(s["missing"] or []), specs)
     for category, *_ in CATEGORIES:
-        scores[category] = categories.get(category)
+        scores[category] = _number_or_none(categories.get(category), f"the {category} score")
         episodes = passed = 0
         for r in covered:
             if r in completed and (category == "overall" or genres[r] == category):
@@ -392,7 +428,7 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
         pass_rates[category] = passed / episodes if episodes else None
         coverage[category] = ranking.coverage(s, category, specs, genres)
     if s.get("pass_rate") is not None:
-        pass_rates["overall"] = s["pass_rate"]  # the verifier's own figure
+        pass_rates["overall"] = _number_or_none(s["pass_rate"], "the pass rate")  # the verifier's own figure
     started, finished = _parse_time(s.get("started")), _parse_time(s.get("finished"))
     usage = s.get("usage") or {}
     tokens = None
@@ -401,7 +437,7 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
     results: dict[str, dict[str, Any]] = {}
     for t in tasks:
         if type(t["task"]) is str and t["task"] not in results:  # a task's ranking names it by its ref
-            results[t["task"]] = {key: t[key] for key in RESULT_KEYS}
+            results[t["task"]] = {key: _number_or_none(t[key], f"a task's {key}") for key in RESULT_KEYS}
     entry = Entry(
         id=row["id"],
         digest=digest,
@@ -415,7 +451,7 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
         scores=scores,
         pass_rates=pass_rates,
         coverage=coverage,
-        finals={ref: float(t["final"]) for ref, t in completed.items()},
+        finals={ref: float(_number_or_none(t["final"], "a task's final") or 0) for ref, t in completed.items()},
         judgements={ref: j for ref, j in sorted(judging.task_judgements(s).items()) if ref in completed},
         intervals={
             category: ranking.stored_bounds(ranking.summary_interval(s, category=category))
@@ -793,6 +829,20 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
     yielded as one string (``concat`` of them) where Jinja yields each piece: the same output, in
     a third as many yields, each of which passes up the chain of blocks a page extends."""
 
+    _block: jinja2.compiler.Frame | None = None  # the block function whose output is buffered
+
+    def enter_frame(self, frame: jinja2.compiler.Frame) -> None:
+        super().enter_frame(frame)
+        if frame.block_frame and frame.block is not None and frame.buffer is None and not self.environment.is_async:
+            self.buffer(frame)  # a block's output goes to a list, yielded once at its end
+            self._block = frame
+
+    def leave_frame(self, frame: jinja2.compiler.Frame, with_python_scope: bool = False) -> None:
+        super().leave_frame(frame, with_python_scope)
+        if frame is self._block:
+            self.writeline(f"yield concat({frame.buffer})")
+            self._block = None
+
     def visit_Output(self, node: jinja2.nodes.Output, frame: jinja2.compiler.Frame) -> None:
         if frame.buffer is not None or frame.require_output_check:
             super().visit_Output(node, frame)  # a macro's or call block's buffer; outside a block
@@ -1059,7 +1109,12 @@ class Site:
 
     def submissions(self, rows: Rows, start: int, stop: int) -> list[Submission]:
         """The rows ``start`` to ``stop`` (of :func:`read_rows`) decoded and built."""
-        return [build_submission(*_decode(rows, i), specs=self.specs) for i in range(start, stop)]
+        at = rows.names.index("id")
+        built = []
+        for i in range(start, stop):
+            with RowFault(rows.rows[i][at]):  # its JSON columns' decoding too
+                built.append(build_submission(*_decode(rows, i), specs=self.specs))
+        return built
 
     def build(self, database: db.Where) -> ExportReport:
         """Every file of the site. With many rows, ``jobs`` forked :class:`_Shards` read and build
@@ -1207,18 +1262,19 @@ class Site:
 
     def _submission(self, sub: Submission) -> None:
         e = sub.entry
-        self.page(
-            e.href,
-            "submission.html",
-            derive=lambda: (
-                (self._submission_context(sub) if sub.context is None else sub.context)
-                | {"ranks": {category: e.ranks.get(category) for category, *_ in CATEGORIES}}
-            ),
-            title=f"{e.agent}: submission {e.id}",
-            section="board",
-            site=self.chrome,
-            e=e,
-        )
+        with RowFault(e.id):  # its page's context and its rendering
+            self.page(
+                e.href,
+                "submission.html",
+                derive=lambda: (
+                    (self._submission_context(sub) if sub.context is None else sub.context)
+                    | {"ranks": {category: e.ranks.get(category) for category, *_ in CATEGORIES}}
+                ),
+                title=f"{e.agent}: submission {e.id}",
+                section="board",
+                site=self.chrome,
+                e=e,
+            )
 
     def prepare(self, part: list[Submission], arrived: Callable[[], bool]) -> None:
         """Until ``arrived()`` (the ranks, in a shard worker): the page context of each submission
@@ -1228,7 +1284,8 @@ class Site:
             if i % 32 == 0 and arrived():
                 return
             if sub.entry.href not in self.previous_inputs:
-                sub.context = self._submission_context(sub)
+                with RowFault(sub.entry.id):
+                    sub.context = self._submission_context(sub)
 
     def _submission_context(self, sub: Submission) -> dict[str, Any]:
         """What a submission's page shows of its row, prepared (from the row and the tasks alone,
@@ -1424,8 +1481,7 @@ class Site:
             "required_tasks": list(self.release.required_tasks),
             "submissions": rows,
         }
-        self.write("leaderboard.json", (json.dumps(doc, sort_keys=True, ensure_ascii=False, allow_nan=False,
-                                                   separators=(",", ":")) + "\n").encode())  # fmt: skip
+        self.write("leaderboard.json", export_json(doc))
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\r\n")
         writer.writerow(CSV_COLUMNS)
@@ -1672,6 +1728,31 @@ def _judged_by(judgement: dict[str, Any]) -> str:
         return f"judge_key:{judgement['judge_key_id']}"
     model = str(judgement["judge_model"] or "").replace("%", "%25").replace(";", "%3B")
     return f"verifier:{model}"
+
+
+def export_json(doc: Any) -> bytes:
+    """``leaderboard.json``'s bytes: ``doc`` as one line of JSON, keys sorted, no spaces, UTF-8, and
+    a final newline, written by orjson (in C). A float is its shortest text that reads back as the
+    same double (``0.25``, ``0.00001``, ``1e-6``); one that is not a finite number (a NaN a summary may hold:
+    JSON has none) is written ``null``. What orjson cannot write (an integer beyond 64 bits, a
+    string with a lone surrogate) is written by :mod:`json` with the same rules, non-ASCII and
+    surrogates escaped."""
+    try:
+        return orjson.dumps(doc, option=orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:
+        text = json.dumps(_finite(doc), sort_keys=True, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        return (text + "\n").encode("ascii")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every float that is not a finite number replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _csv_cell(value: Any) -> str:

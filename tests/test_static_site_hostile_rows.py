@@ -1,0 +1,223 @@
+"""``ale-verify export-site`` on database rows the verifier does not write: a summary of another
+shape, a score that is not a number, JSON that does not parse, a NaN. The export either succeeds or
+fails with one :class:`ale_verify.export.ExportError` naming the submission, and then leaves the
+previous site as it was; it never fails with another exception (a traceback from the CLI, the end
+of ``--every``'s loop). The mechanism: ``export.RowFault`` around each row's building, page
+context and page, and entries whose every number is a number (``build_submission``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import site_fixtures as sf
+from fuzzing import FUZZ_EXAMPLES, fuzz_settings, hostile_json, json_values
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ale_verify import cli, export
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, dict[str, Any]]:
+    """A small database (checkpointed: one file to copy) and one accepted row's id and summary."""
+    folder = tmp_path_factory.mktemp("hostile-rows")
+    database = folder / "db.sqlite3"
+    sf.fill_many(database, 4, reject_every=100, revoke_every=3)
+    with sqlite3.connect(database) as c:
+        sid, summary = c.execute("SELECT id, summary FROM submissions WHERE status = 'accepted' LIMIT 1").fetchone()
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return database, sid, json.loads(summary)
+
+
+#: each example is a whole export (~0.1 s): a quarter of the fuzz targets' count
+export_settings = settings(fuzz_settings, max_examples=max(1, FUZZ_EXAMPLES // 4))
+
+
+def _tree(site: Path) -> dict[str, bytes]:
+    return {p.relative_to(site).as_posix(): p.read_bytes() for p in sorted(site.rglob("*")) if p.is_file()}
+
+
+def _with(base: tuple[Path, str, dict[str, Any]], folder: Path, sql: str, params: list[Any]) -> Path:
+    """A copy of the base database with ``sql`` run on it (``?`` last: the row's id)."""
+    source, sid, _ = base
+    database = folder / "db.sqlite3"
+    shutil.copyfile(source, database)
+    with sqlite3.connect(database) as c:
+        c.execute(sql, [*params, sid])
+    return database
+
+
+def _export_or_refuse(database: Path, out: Path) -> str:
+    """'exported', or 'refused' after an ExportError that names the submission (and the site at
+    ``out``, a previous export, unchanged)."""
+    before = _tree(out) if out.exists() else None
+    try:
+        export.export_site(database, out, docs_dir=None, jobs=1)
+    except export.ExportError as exc:
+        message = str(exc)
+    else:
+        return "exported"
+    assert "submission 'sub_" in message
+    assert "\n" not in message
+    if before is not None:
+        assert _tree(out) == before
+    return "refused"
+
+
+def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a value inside ``value`` (dict keys and list indexes), the root included."""
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+def _replaced(doc: Any, path: tuple[Any, ...], new: Any) -> Any:
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(doc, dict):
+        return {**doc, head: _replaced(doc[head], rest, new)}
+    return [_replaced(v, rest, new) if i == head else v for i, v in enumerate(doc)]
+
+
+@pytest.mark.fuzz
+@export_settings
+@given(data=st.data(), new=json_values)
+def test_a_summary_with_any_value_anywhere_is_exported_or_refused_by_name(
+    base: tuple[Path, str, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, new: Any
+) -> None:
+    summary = base[2]
+    path = data.draw(st.sampled_from(_paths(summary)))
+    folder = tmp_path_factory.mktemp("case")
+    changed = json.dumps(_replaced(summary, path, new))
+    database = _with(base, folder, "UPDATE submissions SET summary = ? WHERE id = ?", [changed])
+    _export_or_refuse(database, folder / "site")
+
+
+@pytest.mark.fuzz
+@export_settings
+@given(raw=hostile_json)
+def test_a_summary_column_of_any_bytes_is_exported_or_refused_by_name(
+    base: tuple[Path, str, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory, raw: bytes
+) -> None:
+    folder = tmp_path_factory.mktemp("case")
+    text = raw.decode("utf-8", "replace")
+    database = _with(base, folder, "UPDATE submissions SET summary = ? WHERE id = ?", [text])
+    _export_or_refuse(database, folder / "site")
+
+
+@pytest.mark.parametrize(
+    ("what", "value"),
+    [
+        ("a summary that is a list", []),
+        ("a task's final that is text", "tasks.0.final=abc"),
+        ("the categories as a list", "categories=[1]"),
+        ("the agent as text", "agent=x"),
+        ("the covered tasks as a number", "covered=3"),
+        ("a missing task that is an object", "missing=[{}]"),
+        ("a usage that is text", "network_proxy={};usage=x"),
+        ("a judgement that is text", "tasks.0.judgement=x"),
+        ("an overall score that is text", 'categories={"overall": "0.5"}'),
+        ("a pass rate that is text", "pass_rate=high"),
+    ],
+)
+def test_a_malformed_row_fails_the_export_with_one_line_naming_it_and_keeps_the_site(
+    base: tuple[Path, str, dict[str, Any]],
+    tmp_path: Path,
+    what: str,
+    value: Any,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    summary = base[2]
+    if isinstance(value, str):  # PATH=JSON (or text) replacements, ';' between them
+        for change in value.split(";"):
+            key, _, raw = change.partition("=")
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = raw
+            path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
+            summary = _replaced(summary, path, parsed)
+    else:
+        summary = value
+    site = tmp_path / "site"
+    export.export_site(base[0], site, docs_dir=None, jobs=1)  # the previous site, from the good rows
+    database = _with(base, tmp_path, "UPDATE submissions SET summary = ? WHERE id = ?", [json.dumps(summary)])
+    assert _export_or_refuse(database, site) == "refused", what
+    # the CLI: one line on stderr, status 2
+    monkeypatch.setenv("ALE_VERIFY_DATABASE", str(database))
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    code = cli.main(["export-site", str(site), "--jobs", "1"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("\n") == 1, err
+    assert "its database row is not one the verifier writes" in err
+
+
+def test_a_received_at_that_is_text_fails_the_export_naming_the_row(
+    base: tuple[Path, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    database = _with(base, tmp_path, "UPDATE submissions SET received_at = ? WHERE id = ?", ["yesterday"])
+    assert _export_or_refuse(database, tmp_path / "site") == "refused"
+
+
+def test_a_nan_in_a_summary_is_written_null_in_the_json_export(
+    base: tuple[Path, str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """JSON has no NaN: a summary's NaN (only Python's json reads one) is ``null`` in
+    leaderboard.json, which stays valid JSON; the export used to fail with a bare ValueError."""
+    nan = """replace(summary, '"macro_mean": ', '"macro_mean": NaN, "x": ')"""
+    database = _with(base, tmp_path, f"UPDATE submissions SET summary = {nan} WHERE id = ?", [])
+    site = tmp_path / "site"
+    assert _export_or_refuse(database, site) == "exported"
+    raw = (site / "leaderboard.json").read_text()
+    rows = json.loads(raw, parse_constant=lambda name: pytest.fail(f"{name} in leaderboard.json"))["submissions"]
+    (row,) = [r for r in rows if r["submission_id"] == base[1]]
+    assert row["macro_mean"] is None
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"b": 1, "a": [0.1, 1e-05, 1e16, 5e-324, -0.0, 123456789.125, 2**53]},
+        {"é": 'ü\u2028\x00\x1f"\\', "a": True, "z": None},
+        {"n": float("nan"), "i": [float("inf"), -float("inf")]},
+        {"big": 2**70, "s": "\ud800", "f": float("nan")},  # orjson refuses both: json writes them
+    ],
+)
+def test_the_json_export_reads_back_as_the_document_with_non_finite_numbers_null(doc: dict[str, Any]) -> None:
+    raw = export.export_json(doc)
+    assert raw.endswith(b"\n")
+    assert raw.count(b"\n") == 1
+    back = json.loads(raw.decode("utf-8"), parse_constant=lambda name: pytest.fail(name))
+
+    def finite(v: Any) -> Any:
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [finite(x) for x in v]
+        return v
+
+    assert back == finite(doc)
+    assert list(back) == sorted(back)  # keys sorted
+    # the fast path writes what json.dumps writes for every value the exports hold, floats aside
+    if "big" not in doc and "n" not in doc:
+        plain = {k: v for k, v in doc.items() if k != "a" or not isinstance(v, list)}
+        assert (
+            export.export_json(plain)
+            == (json.dumps(plain, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+        )
