@@ -5,6 +5,7 @@ leaves nothing behind."""
 from __future__ import annotations
 
 import shutil
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -85,3 +86,27 @@ def test_a_failure_on_a_kept_connection_closes_it(tmp_path: Path) -> None:
     assert engine._kept.held is None
     with db.connect(path) as s:
         assert s.one("SELECT COUNT(*) FROM users")[0] == 1
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_an_export_leaves_the_database_files_as_it_found_them(tmp_path: Path, jobs: int) -> None:
+    """An export is a batch job's read: it keeps no connection open after it (``db.connect(keep=
+    False)``), so the database's files (the file, its write-ahead log) are as they were, and
+    ``export-site --every`` does not take the export itself for a commit. The exporter's kept
+    connection used to leave a write-ahead log behind that the next look saw as a change."""
+    import site_fixtures as sf
+
+    from ale_verify import export, export_watch
+
+    filled = tmp_path / "filled.sqlite3"
+    sf.fill_many(filled, export.PARALLEL_FROM + 10 if jobs > 1 else 5)
+    database = tmp_path / "verifier.sqlite3"
+    with sqlite3.connect(filled) as source, sqlite3.connect(database) as copy:
+        source.backup(copy)  # a file no connection of this process has open: an idle site's
+    copy.close()
+    source.close()
+    before = export_watch.file_state(database)
+    assert before is not None
+    for n in range(2):
+        export.export_site(database, tmp_path / "site", docs_dir=None, jobs=jobs)
+        assert export_watch.file_state(database) == before, f"after export {n + 1}"

@@ -705,11 +705,13 @@ def _translated(found: SqliteEngine | PostgresEngine) -> Iterator[None]:
 
 
 @contextmanager
-def connect(where: Where, *, create: bool = False) -> Iterator[Session]:
+def connect(where: Where, *, create: bool = False, keep: bool = True) -> Iterator[Session]:
     """A session in autocommit mode: each statement is its own transaction (on the thread's kept
-    connection, :meth:`SqliteEngine.kept`, unless it ``create`` the database)."""
+    connection, :meth:`SqliteEngine.kept`, unless it ``create`` the database or ``keep`` is
+    False: then on a connection of its own, closed when it ends, as a batch job's reads are, so
+    that nothing of it stays open in the database's files after it)."""
     found = engine(where)
-    opened = found.session(create=True) if create else found.kept()
+    opened = found.session(create=True) if create else found.kept() if keep else found.session()
     with _translated(found), opened as conn:
         yield Session(conn, found)
 

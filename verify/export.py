@@ -1861,7 +1861,7 @@ Key = tuple[float, str]
 
 def read_keys(database: db.Where) -> list[Key]:
     """The accepted submissions' keys, in upload order."""
-    with db.connect(database) as s:
+    with db.connect(database, keep=False) as s:  # a batch job's read: nothing kept open after it
         cursor = s.execute(
             "SELECT received_at, id FROM submissions WHERE status = ? ORDER BY received_at, id", ["accepted"]
         )
@@ -1879,7 +1879,7 @@ def read_rows(database: db.Where, start: Key | None = None, stop: Key | None = N
     if stop is not None:
         where += " AND (s.received_at < ? OR (s.received_at = ? AND s.id < ?))"
         params += [stop[0], stop[0], stop[1]]
-    with db.connect(database) as s:
+    with db.connect(database, keep=False) as s:  # a batch job's read: nothing kept open after it
         order = " ORDER BY s.received_at, s.id" if ordered else ""
         cursor = s.execute(f"SELECT * FROM submissions s WHERE {where}{order}", params)
         names = tuple(d[0] for d in cursor.description)
