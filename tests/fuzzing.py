@@ -5,7 +5,9 @@ raise it for a long local campaign, e.g. ``ALE_FUZZ_EXAMPLES=100000 pytest -m fu
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -44,3 +46,28 @@ hostile_json = st.one_of(
     ),
     st.binary(max_size=200),
 )
+
+
+def json_paths(value: Any, *, per_list: int | None = None, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path to a value inside a JSON document (dict keys, list indexes: the first
+    ``per_list`` of each list, or all), the root ``()`` included: where a fuzz target edits it."""
+    out = [prefix]
+    if isinstance(value, dict):
+        for key, child in value.items():
+            out += json_paths(child, per_list=per_list, prefix=(*prefix, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value[:per_list]):
+            out += json_paths(child, per_list=per_list, prefix=(*prefix, i))
+    return out
+
+
+def replaced(document: Any, path: tuple[Any, ...], value: Any) -> Any:
+    """A copy of a JSON document with the value at ``path`` (of :func:`json_paths`) replaced."""
+    if not path:
+        return value
+    document = json.loads(json.dumps(document))
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return document

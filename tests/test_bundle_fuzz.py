@@ -20,7 +20,7 @@ import pyrage
 import pytest
 import verifier_helpers as h
 import zstandard
-from fuzzing import fuzz_settings, hostile_json, json_values
+from fuzzing import fuzz_settings, hostile_json, json_paths, json_values, replaced
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -166,28 +166,6 @@ def real_files(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fixture
 JSON_FILES = sorted(n for n in bundle.ALLOWED_FILES if n.endswith(".json"))
 
 
-def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [path]
-    if isinstance(value, dict):
-        for key, child in value.items():
-            out += _paths(child, (*path, key))
-    elif isinstance(value, list):
-        for i, child in enumerate(value[:3]):
-            out += _paths(child, (*path, i))
-    return out
-
-
-def _replace(document: Any, path: tuple[Any, ...], value: Any) -> Any:
-    if not path:
-        return value
-    document = json.loads(json.dumps(document))
-    target = document
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = value
-    return document
-
-
 @st.composite
 def document_edit(draw: st.DrawFn, files: dict[str, bytes]) -> tuple[str, bytes]:
     """A JSON file of a real bundle with a value replaced somewhere (re-encoded canonically, so the
@@ -199,13 +177,13 @@ def document_edit(draw: st.DrawFn, files: dict[str, bytes]) -> tuple[str, bytes]
     if how == "bytes":
         return name, draw(mutated(files[name]), label="mutated")
     document = json.loads(files[name])
-    path = draw(st.sampled_from(_paths(document)), label="path")
+    path = draw(st.sampled_from(json_paths(document, per_list=3)), label="path")
     value = draw(json_values, label="value")
     if draw(st.booleans(), label="as a member"):  # a member added to the object at path (maybe a level claim)
         key = draw(st.sampled_from(sorted(ELEVATION_MEMBERS)) | st.text(max_size=12), label="key")
         target = _at(document, path)
         value = {**target, key: value} if isinstance(target, dict) else value
-    edited = _replace(document, path, value)
+    edited = replaced(document, path, value)
     try:
         raw = canonical_json(edited) + b"\n"
     except ValueError:  # a value canonical JSON has no form for (an integer past 2**53)

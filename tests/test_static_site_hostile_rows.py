@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import site_fixtures as sf
-from fuzzing import FUZZ_EXAMPLES, fuzz_settings, hostile_json, json_values
+from fuzzing import FUZZ_EXAMPLES, fuzz_settings, hostile_json, json_paths, json_values, replaced
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -70,27 +70,6 @@ def _export_or_refuse(database: Path, out: Path) -> str:
     return "refused"
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every path to a value inside ``value`` (dict keys and list indexes), the root included."""
-    out = [prefix]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
-def _replaced(doc: Any, path: tuple[Any, ...], new: Any) -> Any:
-    if not path:
-        return new
-    head, rest = path[0], path[1:]
-    if isinstance(doc, dict):
-        return {**doc, head: _replaced(doc[head], rest, new)}
-    return [_replaced(v, rest, new) if i == head else v for i, v in enumerate(doc)]
-
-
 @pytest.mark.fuzz
 @export_settings
 @given(data=st.data(), new=json_values)
@@ -98,9 +77,9 @@ def test_a_summary_with_any_value_anywhere_is_exported_or_refused_by_name(
     base: tuple[Path, str, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, new: Any
 ) -> None:
     summary = base[2]
-    path = data.draw(st.sampled_from(_paths(summary)))
+    path = data.draw(st.sampled_from(json_paths(summary)))
     folder = tmp_path_factory.mktemp("case")
-    changed = json.dumps(_replaced(summary, path, new))
+    changed = json.dumps(replaced(summary, path, new))
     database = _with(base, folder, "UPDATE submissions SET summary = ? WHERE id = ?", [changed])
     _export_or_refuse(database, folder / "site")
 
@@ -166,7 +145,7 @@ def test_a_malformed_row_fails_the_export_with_one_line_naming_it_and_keeps_the_
             except ValueError:
                 parsed = raw
             path = tuple(int(p) if p.isdigit() else p for p in key.split("."))
-            summary = _replaced(summary, path, parsed)
+            summary = replaced(summary, path, parsed)
     else:
         summary = value
     site = tmp_path / "site"
