@@ -861,11 +861,22 @@ def test_the_shard_workers_read_every_row_once(sharded: Path) -> None:
     assert [p.history for p in unordered] == [p.history for p in parts]
 
 
-def test_a_hostile_id_in_a_shard_fails_the_export_and_leaves_no_worker(
-    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("damage", "error"),
+    [
+        ("UPDATE submissions SET id = '../escape' WHERE id = (SELECT max(id) FROM submissions)", "cannot name a file"),
+        (
+            "UPDATE submissions SET summary = '[]' WHERE id = (SELECT max(id) FROM submissions)",
+            "its database row is not one the verifier writes",
+        ),
+    ],
+)
+def test_a_hostile_row_in_a_shard_fails_the_export_and_leaves_no_worker(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, damage: str, error: str
 ) -> None:
-    """An error in a shard worker (here a submission id that cannot name a file) is the export's
-    error, as it is in one process: the previous site stays, no stage folder or worker is left."""
+    """An error in a shard worker (a submission id that cannot name a file, a summary of another
+    shape) is the export's error, as it is in one process: the previous site stays, no stage
+    folder or worker is left."""
     database = tmp_path / "db.sqlite3"
     with sqlite3.connect(sharded) as source, sqlite3.connect(database) as copy:
         source.backup(copy)  # (the fixture's write-ahead log included)
@@ -873,7 +884,7 @@ def test_a_hostile_id_in_a_shard_fails_the_export_and_leaves_no_worker(
     site = _export(database, tmp_path / "site", jobs=2)
     before = _tree(site)
     with sqlite3.connect(database) as c:
-        c.execute("UPDATE submissions SET id = '../escape' WHERE id = (SELECT max(id) FROM submissions)")
+        c.execute(damage)
     workers: list[Any] = []
     close = export._Shards.close
 
@@ -883,7 +894,7 @@ def test_a_hostile_id_in_a_shard_fails_the_export_and_leaves_no_worker(
 
     monkeypatch.setattr(export._Shards, "close", spy)
     for jobs in (1, 2):
-        with pytest.raises(export.ExportError, match="cannot name a file"):
+        with pytest.raises(export.ExportError, match=error):
             _export(database, tmp_path / "site", jobs=jobs)
     assert len(workers) == 2
     assert not any(p.is_alive() for p in workers)
