@@ -7,6 +7,7 @@ context and page, and entries whose every number is a number (``build_submission
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import shutil
@@ -217,3 +218,20 @@ def test_the_json_export_reads_back_as_the_document_with_non_finite_numbers_null
             export.export_json(plain)
             == (json.dumps(plain, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
         )
+
+
+def test_a_page_that_cannot_be_written_is_not_called_a_row_fault(
+    base: tuple[Path, str, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RowFault names the rows' faults only: a full disk while a submission's page is written is
+    the OSError it is, not "its database row is not one the verifier writes"."""
+    write = export.Site.write
+
+    def full(self: export.Site, rel: str, data: bytes) -> None:
+        if rel.startswith("submissions/"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, rel, data)
+
+    monkeypatch.setattr(export.Site, "write", full)
+    with pytest.raises(OSError, match="No space left"):
+        export.export_site(base[0], tmp_path / "site", docs_dir=None, jobs=1)

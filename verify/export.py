@@ -367,21 +367,12 @@ EXPORT_FACTS = (
 )  # fmt: skip
 
 
-def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any]) -> Submission:
-    """A decoded database row (``digest``: its :func:`_row_digest`) as its entry and page see it.
-    A row that is not one the verifier writes (a summary of another shape, a score that is not a
-    number) is an :class:`ExportError` naming it (:class:`RowFault`): every value an entry holds
-    for the boards, the ranks and the exports is of its type, so that they cannot fail on it."""
-    if not _SAFE_ID.match(str(row["id"])):
-        raise ExportError(f"submission id {row['id']!r} cannot name a file")
-    with RowFault(row["id"]):
-        return _build_submission(row, digest, specs)
-
-
 class RowFault:
-    """Any error but an :class:`ExportError` raised while a submission's row is built, its page's
-    context prepared or its page rendered, as an ExportError naming the submission and the fault:
-    the export fails with one clear line and leaves the previous site as it was."""
+    """Any error raised while a submission's row is decoded and built, its page's context prepared
+    or its page rendered, as an ExportError naming the submission and the fault: the export fails
+    with one clear line and leaves the previous site as it was. An ExportError already says what
+    it is, and an OSError or MemoryError (writing the page, the machine) is not the row's: those
+    pass as they are."""
 
     __slots__ = ("ident",)
 
@@ -392,11 +383,15 @@ class RowFault:
         return None
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, _tb: Any) -> None:
-        if exc is not None and isinstance(exc, Exception) and not isinstance(exc, ExportError):
+        if isinstance(exc, Exception) and not isinstance(exc, _NOT_THE_ROWS):
             raise ExportError(
                 f"submission {self.ident!r}: its database row is not one the verifier writes"
                 f" ({type(exc).__name__}: {_clip(str(exc), 200)})"
             ) from exc
+
+
+#: errors RowFault leaves as they are (see there)
+_NOT_THE_ROWS = (ExportError, OSError, MemoryError)
 
 
 def _number_or_none(value: Any, what: str) -> float | int | None:
@@ -406,7 +401,14 @@ def _number_or_none(value: Any, what: str) -> float | int | None:
     raise TypeError(f"{what} is {type(value).__name__}, not a number")
 
 
-def _build_submission(row: dict[str, Any], digest: str, specs: dict[str, Any]) -> Submission:
+def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any]) -> Submission:
+    """A decoded database row (``digest``: its :func:`_row_digest`) as its entry and page see it.
+    A row that is not one the verifier writes (a summary of another shape, a score that is not a
+    number) raises here (:meth:`Site.submissions` names it: :class:`RowFault`): every value an
+    entry holds for the boards, the ranks and the exports is of its type, so that they cannot fail
+    on it."""
+    if not _SAFE_ID.match(str(row["id"])):
+        raise ExportError(f"submission id {row['id']!r} cannot name a file")
     s = _NO_SUMMARY | row["summary"]
     s["tasks"] = tasks = [_NO_TASK | t for t in s["tasks"] or [] if isinstance(t, dict)]
     agent = s["agent"] or {}
@@ -451,7 +453,8 @@ def _build_submission(row: dict[str, Any], digest: str, specs: dict[str, Any]) -
         scores=scores,
         pass_rates=pass_rates,
         coverage=coverage,
-        finals={ref: float(_number_or_none(t["final"], "a task's final") or 0) for ref, t in completed.items()},
+        # (a completed task's final is not None)
+        finals={ref: float(cast(float, _number_or_none(t["final"], "a task's final"))) for ref, t in completed.items()},
         judgements={ref: j for ref, j in sorted(judging.task_judgements(s).items()) if ref in completed},
         intervals={
             category: ranking.stored_bounds(ranking.summary_interval(s, category=category))
@@ -825,9 +828,10 @@ class _Template(jinja2.Template):
 
 
 class _CodeGenerator(jinja2.compiler.CodeGenerator):
-    """Jinja's code generator, but a run of template data and ``{{ }}`` values between two tags is
-    yielded as one string (``concat`` of them) where Jinja yields each piece: the same output, in
-    a third as many yields, each of which passes up the chain of blocks a page extends."""
+    """Jinja's code generator, but a block's output goes to a list, yielded once joined at the
+    block's end (where Jinja yields each piece, and each yield passes up the chain of blocks a page
+    extends), and outside a block a run of template data and ``{{ }}`` values between two tags is
+    yielded as one string (``concat`` of them): the same output, in a few yields a page."""
 
     _block: jinja2.compiler.Frame | None = None  # the block function whose output is buffered
 
@@ -1112,7 +1116,7 @@ class Site:
         at = rows.names.index("id")
         built = []
         for i in range(start, stop):
-            with RowFault(rows.rows[i][at]):  # its JSON columns' decoding too
+            with RowFault(rows.rows[i][at]):  # its JSON columns' decoding and its building
                 built.append(build_submission(*_decode(rows, i), specs=self.specs))
         return built
 
