@@ -10,8 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
+import site_fixtures as sf
 
-from ale_verify import db
+from ale_verify import db, export, export_watch
 
 
 def _database(tmp: Path, name: str, user: str) -> Path:
@@ -94,10 +95,6 @@ def test_an_export_leaves_the_database_files_as_it_found_them(tmp_path: Path, jo
     False)``), so the database's files (the file, its write-ahead log) are as they were, and
     ``export-site --every`` does not take the export itself for a commit. The exporter's kept
     connection used to leave a write-ahead log behind that the next look saw as a change."""
-    import site_fixtures as sf
-
-    from ale_verify import export, export_watch
-
     filled = tmp_path / "filled.sqlite3"
     sf.fill_many(filled, export.PARALLEL_FROM + 10 if jobs > 1 else 5)
     database = tmp_path / "verifier.sqlite3"
