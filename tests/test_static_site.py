@@ -1074,3 +1074,37 @@ def test_fmt_ci_writes_what_markup_around_fmt_score_writes(bounds: Any) -> None:
     assert type(fast) is Markup
     assert str(fast) == str(slow)
     assert markupsafe.escape(fast) == fast  # safe: escaping leaves it as it is
+
+
+_MANIFEST_NAME = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from('"\\\n\x00\ud800'))
+
+
+@pytest.mark.fuzz
+@given(
+    files=st.dictionaries(_MANIFEST_NAME, st.tuples(st.text("0123456789abcdef", min_size=64, max_size=64),
+                                                    st.integers(0, 2**70)), max_size=8),
+    generator=_MANIFEST_NAME,
+)  # fmt: skip
+@fuzz_settings
+def test_manifest_json_writes_what_json_dumps_indent_1_writes(
+    files: dict[str, tuple[str, int]], generator: str
+) -> None:
+    """The manifest written a line at a time is, byte for byte, json.dumps(sort_keys=True, indent=1)
+    of the manifest document and a newline, as it was: any name (quotes, backslashes, newlines, NUL,
+    lone surrogates, non-ASCII), sizes past 64 bits, no file at all."""
+    doc = {
+        "schema": export.MANIFEST_SCHEMA,
+        "generator": generator,
+        "files": {name: {"sha256": digest, "bytes": size} for name, (digest, size) in files.items()},
+    }
+    assert export.manifest_json(files, generator) == (json.dumps(doc, sort_keys=True, indent=1) + "\n").encode()
+
+
+@pytest.mark.parametrize(
+    "entry", [("A" * 64, 1), ("a" * 63, 1), ("a" * 64 + "\n", 1), ("a" * 64, 1.0), ("a" * 64, True)]
+)
+def test_manifest_json_refuses_an_entry_that_is_not_a_digest_and_a_size(entry: tuple[Any, Any]) -> None:
+    """A listed file must be 64 lowercase hex digits and an int: anything else is the exporter's bug,
+    refused rather than written into the manifest a client checks the files against."""
+    with pytest.raises(export.ExportError, match="not a digest and a size"):
+        export.manifest_json({"a.html": entry}, "g")
