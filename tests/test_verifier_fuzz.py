@@ -4,6 +4,7 @@ no request, well-formed or not, gets a 5xx, and every answer matches the documen
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import schemathesis
 import verifier_helpers as h
 from hypothesis import HealthCheck, Phase, given
 from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
@@ -92,7 +94,17 @@ def fuzz_target(world: h.World, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
 
+# schemathesis draws from the global `random` inside its strategies (a binding's probability, a
+# negative mutation's channel), which Hypothesis reports as a deprecation only on the draws that take
+# that path: with warnings as errors the fuzz failed now and then, as a FlakyFailure. Hypothesis seeds
+# the global `random` for each example, so the draws stay reproducible; only the fuzz ignores the
+# warning, and only this one (the suite's own strategies still fail on it, see below).
+SCHEMATHESIS_GLOBAL_RANDOM = (
+    "ignore:Do not use the `random` module inside strategies:hypothesis.errors.HypothesisDeprecationWarning"
+)
 
+
+@pytest.mark.filterwarnings(SCHEMATHESIS_GLOBAL_RANDOM)
 @pytest.mark.parametrize("label", OPERATIONS)
 def test_schemathesis_finds_no_server_error(fuzz_target: Any, label: str) -> None:
     """Positive and negative cases for every documented operation, as an operator (so that the
@@ -127,6 +139,31 @@ def test_schemathesis_finds_no_server_error(fuzz_target: Any, label: str) -> Non
             assert not operation.definition.raw.get("parameters")
     assert tried > 0
     assert v.leftovers() == []
+
+
+def _draw_from_global_random() -> list[tuple[int, float]]:
+    seen: list[tuple[int, float]] = []
+
+    @hsettings(max_examples=5, database=None, deadline=None)
+    @given(x=st.tuples(st.integers(0, 10**6), st.builds(random.random)))
+    def draw(x: tuple[int, float]) -> None:
+        seen.append(x)
+
+    draw()
+    return seen
+
+
+@pytest.mark.filterwarnings(SCHEMATHESIS_GLOBAL_RANDOM)
+def test_fuzz_flaky_on_schemathesis_global_random_is_ignored_there() -> None:
+    """The regression: a strategy that draws from the global `random` passes under the fuzz's filter."""
+    assert len(_draw_from_global_random()) == 5
+
+
+def test_global_random_in_a_strategy_still_warns_elsewhere() -> None:
+    """The filter is not dead and not wide: this Hypothesis still warns, and outside the fuzz the
+    suite's `filterwarnings = error` would fail on it (when Hypothesis stops warning, drop the filter)."""
+    with pytest.warns(hypothesis.errors.HypothesisDeprecationWarning, match="`random` module inside strategies"):
+        _draw_from_global_random()
 
 
 # -- what the fuzz found, pinned -----------------------------------------------------------------
