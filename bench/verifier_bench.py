@@ -9,8 +9,10 @@ Run: .venv/bin/python bench/verifier_bench.py [--quick] [--out bench/results/ver
 2. Floor vs pipeline, on the same bytes in the same run: the floor is age decrypt + zstd
    decompress of the outer frame and of the inner ``events.jsonl.zst`` + SHA-256 of the ciphertext,
    the tar and the trajectory, one after another, each step the fastest way known (decryption by
-   pyrage or by ``ale.core.age``, each frame by zstd's one-shot or streaming decoder: both timed
-   every round, the lesser counted; the floor with pyrage's decryption is printed too); the
+   pyrage or by ``ale.core.age``, each frame by zstd's one-shot decoder, its streaming one, or its
+   streaming one into a buffer reused from round to round, as the upload workers decompress the
+   trajectory: all timed every round, the least counted; the floor with pyrage's decryption is
+   printed too); the
    pipeline is the upload as ``ale-verify serve`` checks it: on an ``ale_verify.workers.UploadPool``
    of the usable cores' worker processes (from the upload's file to its stored verdict), and,
    beside it, ``ale_verify.pipeline.process_upload`` in this process.
@@ -297,12 +299,35 @@ def _zstd_stream(data: bytes | memoryview) -> bytes:
     return b"".join(out)
 
 
+#: the floor's reused output buffers, one a frame (anonymous mappings: a page costs once, when
+#: first written, as in the upload workers' memory files)
+_INTO: dict[str, Any] = {}
+
+
+def _zstd_into(data: bytes | memoryview, which: str, size: int) -> memoryview:
+    """The frame decompressed by zstd's streaming decoder straight into a buffer reused from
+    round to round (no block allocated or copied: how the upload workers decompress the
+    trajectory, into their memory file's mapping)."""
+    import mmap
+
+    import zstandard
+
+    buffer = _INTO.get(which)
+    if buffer is None or len(buffer) < size:
+        buffer = _INTO[which] = mmap.mmap(-1, size)
+    view, at = memoryview(buffer), 0
+    with zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=False) as reader:
+        while length := reader.readinto(view[at : at + MIB]):
+            at += length
+    return view[:at]
+
+
 def floor_once(ciphertext: bytes, identity: str, member: tuple[int, int]) -> dict[str, float]:
     """The floor: the least that reading the bundle costs, one step after another on one core,
     each step done the fastest way known here (its time the least of them, each measured):
     decryption by pyrage or by the verifier's own ale.core.age (OpenSSL's ChaCha20-Poly1305);
-    each zstd frame by zstd's one-shot or its streaming decoder; SHA-256 of the ciphertext, the tar
-    and the trajectory."""
+    each zstd frame by zstd's one-shot decoder, its streaming one, or its streaming one into a
+    reused buffer; SHA-256 of the ciphertext, the tar and the trajectory."""
     import pyrage
     import zstandard as zstd
 
@@ -315,26 +340,31 @@ def floor_once(ciphertext: bytes, identity: str, member: tuple[int, int]) -> dic
     ours_s, plain = _timed(lambda: bundle.decrypt(ciphertext, identity, bundle.Limits()))
     outer_one_s, tar = _timed(lambda: zstd.ZstdDecompressor().decompress(plain))
     del tar
+    outer_into_s, _ = _timed(lambda: _zstd_into(plain, "outer", 64 * MIB))
     outer_stream_s, tar = _timed(lambda: _zstd_stream(plain))
     off, size = member
     inner = memoryview(tar)[off : off + size]
     inner_one_s, events = _timed(lambda: zstd.ZstdDecompressor().decompress(inner))
     del events
+    inner_into_s, _ = _timed(lambda: _zstd_into(inner, "inner", 256 * MIB))
     inner_stream_s, events = _timed(lambda: _zstd_stream(inner))
     sha_s, _ = _timed(
         lambda: (hashlib.sha256(ciphertext).digest(), hashlib.sha256(tar).digest(), hashlib.sha256(events).digest())
     )
     cpu = time.process_time() - cpu0
-    steps = {"decrypt_s": min(pyrage_s, ours_s), "outer_decompress_s": min(outer_one_s, outer_stream_s),
-             "inner_decompress_s": min(inner_one_s, inner_stream_s), "sha256_s": sha_s}  # fmt: skip
+    steps = {"decrypt_s": min(pyrage_s, ours_s),
+             "outer_decompress_s": min(outer_one_s, outer_stream_s, outer_into_s),
+             "inner_decompress_s": min(inner_one_s, inner_stream_s, inner_into_s), "sha256_s": sha_s}  # fmt: skip
     total = sum(steps.values())
+    measured = pyrage_s + ours_s + outer_one_s + outer_stream_s + outer_into_s + inner_one_s + inner_stream_s
     return {**steps, "total_s": total, "plain_bytes": len(tar) + len(events),
             "decrypt_pyrage_s": pyrage_s, "decrypt_ale_age_s": ours_s,
             "outer_one_shot_s": outer_one_s, "outer_streaming_s": outer_stream_s,
+            "outer_into_s": outer_into_s,
             "inner_one_shot_s": inner_one_s, "inner_streaming_s": inner_stream_s,
+            "inner_into_s": inner_into_s,
             # the floor's CPU: its share of the CPU of all the alternatives measured
-            "cpu_s": cpu * total / (pyrage_s + ours_s + outer_one_s + outer_stream_s + inner_one_s
-                                    + inner_stream_s + sha_s),
+            "cpu_s": cpu * total / (measured + inner_into_s + sha_s),
             "total_with_pyrage_s": total - steps["decrypt_s"] + pyrage_s}  # fmt: skip
 
 
@@ -516,26 +546,38 @@ def profile_once(site: Site, ciphertext: bytes, top: int = 10) -> tuple[str, lis
 def chain_check_cpu(events: bytes, rounds: int) -> dict[str, Any]:
     """The trajectory's chunk checks as the chain workers make them (chunks of CHUNK_BYTES), in
     this process's CPU seconds (robust on a loaded machine): ``check_chunk``'s bulk path against
-    its exact loop alone (``bulk=False``), rounds interleaved, best of each."""
+    its exact loop alone (``bulk=False``), and, where the C line hasher is in use, the bulk path
+    with its Python reference instead; rounds interleaved, best of each."""
+    from ale.core import trajectory
     from ale.core.trajectory import check_chunk, split_chunks
     from ale_verify.chain_workers import CHUNK_BYTES
 
     chunks = split_chunks(events, max(1, len(events) // CHUNK_BYTES))
-    times: dict[str, list[float]] = {"bulk": [], "exact": []}
-    for _ in range(rounds):
-        for name in times:
-            cpu = time.process_time()
-            reports = [check_chunk(chunk, line, bulk=name == "bulk") for chunk, line in chunks]
-            times[name].append(time.process_time() - cpu)
-            if any(r.fault for r in reports):
-                raise SystemExit(f"the trajectory's chain check ({name}) found a fault")
+    loaded = trajectory.body_digests
+    hashers = {"bulk": loaded, "exact": loaded}
+    if loaded is not trajectory.body_digests_reference:
+        hashers["bulk_reference"] = trajectory.body_digests_reference
+    times: dict[str, list[float]] = {name: [] for name in hashers}
+    try:
+        for _ in range(rounds):
+            for name, hasher in hashers.items():
+                trajectory.body_digests = hasher
+                cpu = time.process_time()
+                reports = [check_chunk(chunk, line, bulk=name != "exact") for chunk, line in chunks]
+                times[name].append(time.process_time() - cpu)
+                if any(r.fault for r in reports):
+                    raise SystemExit(f"the trajectory's chain check ({name}) found a fault")
+    finally:
+        trajectory.body_digests = loaded
     lines = events.count(b"\n")
     best = {name: min(values) for name, values in times.items()}
     return {
         "chunks": len(chunks),
         "lines": lines,
+        "linehash": trajectory.LINEHASH,
         "bulk_cpu_s": best["bulk"],
         "exact_cpu_s": best["exact"],
+        "bulk_reference_cpu_s": best.get("bulk_reference"),
         "bulk_us_per_line": best["bulk"] / lines * 1e6,
         "exact_us_per_line": best["exact"] / lines * 1e6,
     }
@@ -989,8 +1031,10 @@ def main() -> None:
               f" sha256 {fb['sha256_s'] * 1000:.1f}; each step the fastest of: decrypt pyrage"
               f" {fb['decrypt_pyrage_s'] * 1000:.1f} / ale.core.age {fb['decrypt_ale_age_s'] * 1000:.1f},"
               f" outer one-shot {fb['outer_one_shot_s'] * 1000:.1f} / streaming"
-              f" {fb['outer_streaming_s'] * 1000:.1f}, events one-shot"
-              f" {fb['inner_one_shot_s'] * 1000:.1f} / streaming {fb['inner_streaming_s'] * 1000:.1f})")  # fmt: skip
+              f" {fb['outer_streaming_s'] * 1000:.1f} / into a reused buffer {fb['outer_into_s'] * 1000:.1f},"
+              f" events one-shot {fb['inner_one_shot_s'] * 1000:.1f} / streaming"
+              f" {fb['inner_streaming_s'] * 1000:.1f} / into a reused buffer"
+              f" {fb['inner_into_s'] * 1000:.1f})")  # fmt: skip
         print(f"  (with pyrage's decryption, as the floor was until 2026-12-02:"
               f" {fb['total_with_pyrage_s'] * 1000:.1f} ms;"
               f" the pipeline is {ver['pipeline_s'] / fb['total_with_pyrage_s']:.2f}x that)")  # fmt: skip
@@ -1007,6 +1051,12 @@ def main() -> None:
         print(f"  chain check of {cc['lines']:,} lines in {cc['chunks']} chunks (CPU, best of rounds): bulk"
               f" {cc['bulk_cpu_s'] * 1000:.1f} ms ({cc['bulk_us_per_line']:.2f} us a line), the exact loop alone"
               f" {cc['exact_cpu_s'] * 1000:.1f} ms ({cc['exact_us_per_line']:.2f} us a line)")  # fmt: skip
+        if cc["bulk_reference_cpu_s"] is not None:
+            print(f"    line hasher: {cc['linehash']} (ale.core._linehash); the bulk path with its Python reference"
+                  f" {cc['bulk_reference_cpu_s'] * 1000:.1f} ms, the C one"
+                  f" {cc['bulk_cpu_s'] / cc['bulk_reference_cpu_s']:.2f}x that")  # fmt: skip
+        else:
+            print(f"    line hasher: {cc['linehash']} (ale.core._linehash was not built: docs/verifier.md)")
         verdict = "meets" if ver["meets_goal"] else "does NOT meet"
         print(f"  ratio pipeline/floor = {ver['ratio']:.2f}x -> {verdict} the {GOAL_RATIO}x goal"
               f" (median of per-round ratios {ver['ratio_paired_median']:.2f}x, best against best"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 import tarfile
 from collections.abc import Callable
@@ -136,6 +137,49 @@ def test_fuzz_zstd_layer(data: bytes) -> None:
         assert dobj.decompress(data) == out
         assert dobj.eof
         assert dobj.unused_data == b""
+
+
+def _outcome(check: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return ("ok", check())
+    except VerificationError as exc:
+        return ("refused", exc.reason)
+
+
+@fuzz_settings
+@given(data=mutated(FRAME), limit=st.sampled_from([len(TAR) - 1, len(TAR), len(TAR) + 1, LIMITS.max_decompressed]))
+def test_fuzz_zstd_into_a_buffer_is_decompress(data: bytes, limit: int) -> None:
+    """decompress_into (the upload workers' way: straight into their memory file's mapping) gives
+    what decompress gives, or refuses for the same reason, whatever the frame; its blocks, in
+    order and within the buffer, are the stream."""
+    limits = bundle.Limits(max_decompressed=limit)
+    into = memoryview(bytearray(limit + 7))  # (room past the limit: the limit, not the buffer, stops it)
+    blocks: list[tuple[int, int]] = []
+    got = _outcome(lambda: bundle.decompress_into(data, limits, into, lambda at, n: blocks.append((at, n))))
+    expected = _outcome(lambda: bundle.decompress(data, limits))
+    if expected[0] == "ok":
+        assert got == ("ok", len(expected[1]))
+        assert bytes(into[: got[1]]) == expected[1]
+        assert [at for at, _ in blocks] == list(itertools.accumulate((n for _, n in blocks[:-1]), initial=0))
+        assert sum(n for _, n in blocks) == got[1]
+    else:
+        assert got == expected
+        assert all(at + n <= limit for at, n in blocks)
+
+
+def test_zstd_into_a_buffer_at_its_limit() -> None:
+    """Exactly the limit is accepted, a byte more is a bomb; a buffer smaller than the limit is
+    the caller's error, not the frame's."""
+    frame = bundle.compress(b"x" * 1000)
+    into = memoryview(bytearray(1000))
+    assert bundle.decompress_into(frame, bundle.Limits(max_decompressed=1000), into) == 1000
+    assert bytes(into) == b"x" * 1000
+    with pytest.raises(VerificationError) as caught:
+        bundle.decompress_into(frame, bundle.Limits(max_decompressed=999), into)
+    assert caught.value.reason == Reason.DECOMPRESSED_TOO_LARGE
+    with pytest.raises(ValueError, match="cannot hold"):
+        bundle.decompress_into(frame, bundle.Limits(max_decompressed=1001), into)
+    assert bundle.decompress_into(bundle.compress(b""), bundle.Limits(max_decompressed=1000), into) == 0
 
 
 # -- tar ------------------------------------------------------------------------------------------

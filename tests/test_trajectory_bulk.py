@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -56,14 +57,30 @@ def _fields(report: ChunkReport) -> dict[str, Any]:
     return attrs.asdict(report, recurse=False)
 
 
+@contextlib.contextmanager
+def _hasher(digests: Callable[[bytes], bytes | None]) -> Iterator[None]:
+    """The bulk path's per-line hasher (trajectory.body_digests) swapped for ``digests``."""
+    saved = trajectory.body_digests
+    trajectory.body_digests = digests
+    try:
+        yield
+    finally:
+        trajectory.body_digests = saved
+
+
+#: the hashers the bulk path may run with: the Python reference, and the C module where it was
+#: built (tests/test_linehash.py holds the two together; here each is held to the exact loop)
+_HASHERS = {"reference": trajectory.body_digests_reference, "loaded": trajectory.body_digests}
+
+
 def _assert_bulk_is_exact(stream: bytes, cuts: list[int], batch: int, **kwargs: Any) -> tuple[str, Any]:
-    """Every piece's bulk report is the exact loop's (its place known or not), and the linked
-    verdict is the reference's."""
+    """Every piece's bulk report is the exact loop's (its place known or not), with either
+    hasher, and the linked verdict is the reference's."""
     expected = _verdict(lambda: reference_verify(stream, **kwargs))
     if not stream.endswith(b"\n"):
         return expected
-    with _batch(batch):
-        for known in (True, False):
+    for known, digests in itertools.product((True, False), set(_HASHERS.values())):
+        with _batch(batch), _hasher(digests):
             reports = []
             for piece, line in _pieces(stream, cuts):
                 first = line if known or line == 1 else None

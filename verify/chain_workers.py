@@ -2,10 +2,11 @@
 
 Checking a trajectory is CPU-bound Python (parse, canonical form, SHA-256 of every line), and one
 process uses one core. On an upload worker (:mod:`ale_verify.workers`), step 7 starts the
-decompression of ``events.jsonl.zst`` on a thread of a :class:`SharedChainJob` (zstd releases the
-GIL) while it checks the JSON documents: the stream goes into an anonymous in-memory file
-(``memfd_create``: no path, never on disk; an upload worker reuses one for every upload, see
-:class:`_Arena`) and is cut at newlines into chunks of
+decompression of ``events.jsonl.zst`` on a thread of a :class:`SharedChainJob` while it checks
+the JSON documents (zstd's streaming decoder holds the GIL for each block it decodes, so Python
+work in the same process slows it down: see below). The stream is decompressed straight into an
+anonymous in-memory file's mapping (``memfd_create``: no path, never on disk; an upload worker
+reuses one for every upload, see :class:`_Arena`) and is cut at newlines into chunks of
 about ``chunk_bytes`` (a :class:`Span`: where it lies in the memory file). The upload's own worker
 checks its chunks in order; whatever it cannot reach now (every chunk but the one it checks) it
 offers to the pool: the server hands an offered chunk to an idle worker, newest first, which reads
@@ -29,6 +30,7 @@ read failed) comes back to the owner, who checks it itself.
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import secrets
 import threading
@@ -38,18 +40,53 @@ from typing import Protocol
 import attrs
 
 from ale.core.trajectory import ChunkReport, check_chunk
-from ale.core.verify import decompress_events
+from ale.core.verify import MAX_EVENTS_BYTES, decompress_events_into
+
+
+@attrs.define
+class _MemoryFile:
+    """An anonymous memory file (``memfd_create``: no path) of MAX_EVENTS_BYTES (sparse: a page
+    costs memory only once written) and, once asked for, its mapping into this process, which the
+    decompression writes into directly (no block allocated, none copied by ``pwrite``)."""
+
+    fd: int
+    name: str
+    _mapping: mmap.mmap | None = None
+
+    @classmethod
+    def new(cls) -> _MemoryFile:
+        name = f"ale-trajectory-{secrets.token_hex(8)}"
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, MAX_EVENTS_BYTES)
+        except OSError:
+            os.close(fd)
+            raise
+        return cls(fd, name)
+
+    def mapping(self) -> mmap.mmap:
+        if self._mapping is None:
+            self._mapping = mmap.mmap(self.fd, MAX_EVENTS_BYTES)
+        return self._mapping
+
+    def close(self) -> None:
+        """Unmap and close (a worker still reading holds its own descriptor; the memory goes with the last one)."""
+        if self._mapping is not None:
+            self._mapping.close()
+            self._mapping = None
+        os.close(self.fd)
 
 
 class _Arena:
-    """The memory file a process reuses for one trajectory after another.
+    """The memory file a process reuses for one trajectory after another, and its mapping.
 
     A fresh memory file costs its pages anew for every upload: 46 MB written into a new one take
     ~22 ms of the decompression thread (the kernel allocates and clears each page), against ~4 ms
     into pages it already holds, and closing it frees them again (~6 ms). So each worker keeps one
-    file, as large as its largest trajectory so far (at most the trajectory's 64 MiB limit), and
-    a job writes over it from the start. Bytes past a job's own size are an earlier upload's and
-    are never read (every span and :meth:`SharedChainJob.stream` lie within the job's size); a
+    file, holding as many pages as its largest trajectory so far needed (its size is the
+    trajectory's limit, MAX_EVENTS_BYTES, but a page costs only once written), mapped once into
+    the process, and a job decompresses over it from the start. Bytes past a job's own size are
+    an earlier upload's and are never read (every span and :meth:`SharedChainJob.stream` lie within the job's size); a
     chunk of an ended job that a helper reads after the next job began writing gets checked, but
     its report names the ended job, and the server and the owner drop it (their job ids differ).
     One job at a time holds it; a second job in the same process meanwhile gets a file of its own.
@@ -58,17 +95,16 @@ class _Arena:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._file: tuple[int, str] | None = None
+        self._file: _MemoryFile | None = None
         self._held = False
 
-    def take(self) -> tuple[int, str] | None:
-        """(descriptor, name) of the arena if no job holds it, else None."""
+    def take(self) -> _MemoryFile | None:
+        """The arena if no job holds it, else None."""
         with self._lock:
             if self._held:
                 return None
             if self._file is None:
-                name = f"ale-trajectory-{secrets.token_hex(8)}"
-                self._file = (os.memfd_create(name, os.MFD_CLOEXEC), name)
+                self._file = _MemoryFile.new()
             self._held = True
             return self._file
 
@@ -154,11 +190,9 @@ class SharedChainJob:
         #: with ``reuse``, the process's arena (an upload worker's) if no other job holds it
         arena = _ARENA.take() if reuse else None
         self._arena = arena is not None  # (else a file of its own, freed when the job ends)
-        if arena is None:
-            name = f"ale-trajectory-{secrets.token_hex(8)}"
-            arena = (os.memfd_create(name, os.MFD_CLOEXEC), name)
-        self._fd: int | None = arena[0]
-        self._name = arena[1]
+        self._file: _MemoryFile | None = arena if arena is not None else _MemoryFile.new()
+        self._fd: int | None = self._file.fd
+        self._name = self._file.name
         self._size = 0  # bytes written
         self._cut = 0  # where the next chunk starts
         self._last_newline = -1  # offset of the last newline written
@@ -185,7 +219,10 @@ class SharedChainJob:
 
     def _decompress(self, compressed: bytes) -> None:
         try:
-            decompress_events(compressed, self.feed)
+            assert self._file is not None
+            mapping = self._file.mapping()
+            with memoryview(mapping) as into:
+                decompress_events_into(compressed, into, lambda offset, length: self._took(mapping, offset, length))
         except BaseException as exc:  # raised again by decompressed(), in the pipeline's order
             self._error = exc
         finally:
@@ -206,16 +243,24 @@ class SharedChainJob:
         while view:
             written = os.pwrite(self._fd, view, at)
             view, at = view[written:], at + written
-        base = self._size
-        newline = block.rfind(b"\n")
+        self._took(block, 0, len(block))
+
+    def _took(self, data: bytes | mmap.mmap, start: int, length: int) -> None:
+        """The stream grew by ``data[start:start + length]``, already in the memory file at the
+        stream's end (the block fed, or the file's own mapping); complete lines are offered once
+        a chunk is full."""
+        if self._stop:
+            raise _Stopped("the job is being cancelled")
+        end, base = start + length, self._size - start  # (the stream's offset of data[0])
+        newline = data.rfind(b"\n", start, end)
         if newline >= 0:
             self._last_newline = base + newline
-        self._size += len(block)
+        self._size += length
         while self._last_newline + 1 - self._cut >= self._chunk_bytes:
             # the chunk ends at the first newline that makes it chunk_bytes long: in this block,
             # since the blocks before had none past the last cut's reach
-            end = base + block.find(b"\n", max(0, self._cut + self._chunk_bytes - 1 - base)) + 1
-            self._add(end)
+            end_of_chunk = data.find(b"\n", max(start, self._cut + self._chunk_bytes - 1 - base), end) + 1
+            self._add(base + end_of_chunk)
 
     def _add(self, end: int) -> None:
         assert self._fd is not None
@@ -337,8 +382,9 @@ class SharedChainJob:
                 os.close(fd)
             self._signal = (-1, -1)
         if self._fd is not None:
+            assert self._file is not None
             if self._arena:  # kept for the next job
                 _ARENA.give_back()
-            else:  # a worker still reading holds its own descriptor; the memory goes with the last one
-                os.close(self._fd)
-            self._fd = None
+            else:
+                self._file.close()
+            self._fd = self._file = None

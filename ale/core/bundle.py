@@ -293,6 +293,35 @@ def decompress(
     return out.getvalue()
 
 
+def decompress_into(
+    data: bytes, limits: Limits, into: memoryview, on_block: Callable[[int, int], None] | None = None
+) -> int:
+    """:func:`decompress`, the stream written into ``into`` (``limits.max_decompressed`` bytes at
+    least) from its start, a block at a time: no block is allocated, nor copied again (into a
+    file's mapping, say). ``on_block(offset, length)`` after each block; the decompressed size.
+    The same frames are refused for the same reasons; a bomb is found by trying to read one byte
+    past the limit, so ``on_block`` may see the stream up to the limit before this raises."""
+    check_single_frame(data)
+    limit = limits.max_decompressed
+    if len(into) < limit:
+        raise ValueError(f"a buffer of {len(into)} bytes cannot hold the {limit} the limit allows")
+    size = 0
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(data), read_across_frames=False) as reader:
+            while size < limit:
+                length = reader.readinto(into[size : min(limit, size + MiB)])
+                if not length:
+                    return size
+                if on_block is not None:
+                    on_block(size, length)
+                size += length
+            if reader.read(1):
+                raise BundleError(Reason.DECOMPRESSED_TOO_LARGE, f"decompresses beyond the limit of {limit} bytes")
+    except zstandard.ZstdError as exc:
+        raise BundleError(Reason.BAD_ZSTD, f"not a valid zstd frame: {exc}") from None
+    return size
+
+
 # -- tar: the canonical layout ----------------------------------------------------------------
 
 BLOCK = 512

@@ -649,10 +649,10 @@ class _Scan:
         # still in the cache (a whole chunk at a time is slower than the exact loop: memory-bound).
         window, kinds, start, size = 0, collections.Counter[str](), 0, len(chunk)
         while start < size:
-            end = chunk.find(b"\n", start + _BULK_BYTES - 1) + 1 or size
-            lines = chunk.count(b"\n", start, end)
-            if lines < _BULK_LINES:  # long lines: each pass's own cost is spread over at least as many
-                end = chunk.find(b"\n", start + (end - start) * _BULK_LINES // lines - 1) + 1 or size
+            # (long lines: each pass's own cost is spread over at least _BULK_LINES lines, as many
+            # as the batch's first line says; bytes.count would cost as much as a pass)
+            first = chunk.find(b"\n", start) + 1 - start
+            end = chunk.find(b"\n", start + max(_BULK_BYTES, first * _BULK_LINES) - 1) + 1 or size
             batch = self._bulk_batch(chunk[start:end], window, kinds)
             if batch is None:
                 return False
@@ -663,16 +663,15 @@ class _Scan:
     def _bulk_batch(self, piece: bytes, window: int, kinds: collections.Counter[str]) -> int | None:
         """Vouch for a batch of lines that follows what the scan checked so far, and take it in;
         the grammar's window after it, or None."""
-        parsed = _bulk_events(piece)
-        if parsed is None:
+        events = _bulk_events(piece)
+        if events is None:
             return None
-        lines, events = parsed
         columns = _bulk_columns(events)
         base = (1 if self.first_line is None else self.first_line) + self.checked
         if not (
             _bulk_members(columns)
             and self._bulk_follows(columns)
-            and _bulk_hashed(lines, columns[9])
+            and _bulk_hashed(piece, columns[9])
             and _bulk_producers(base, columns, self.first_of, self.counts)
         ):
             return None
@@ -775,18 +774,18 @@ _TIME_TYPES = frozenset({int, float})
 _FLOAT_TYPE = frozenset({float})
 
 
-def _bulk_events(chunk: bytes) -> tuple[list[bytes], list[Any]] | None:
-    """The chunk's lines and their events if every line is provably the canonical JSON of an object
-    with exactly the event's members (the exact loop's form checks), else None. (See above.)"""
+def _bulk_events(chunk: bytes) -> list[Any] | None:
+    """The chunk's events if every line is provably the canonical JSON of an object with exactly
+    the event's members (the exact loop's form checks), else None. (See above.)"""
     if not chunk.isascii() and NON_BMP.search(chunk):  # key order may differ from UTF-16's
         return None
-    events = orjson.loads(b"[" + chunk[:-1].replace(b"\n", b",") + b"]")  # raises: the exact loop decides
+    events: list[Any] = orjson.loads(b"[" + chunk[:-1].replace(b"\n", b",") + b"]")  # raises: the exact loop decides
     if set(map(type, events)) != {dict} or set(map(len, events)) != {len(FIELDS)}:
         return None  # (of len(FIELDS) members each: exactly FIELDS once each is found, by _bulk_columns)
     lines = list(map(orjson.dumps, events, itertools.repeat(None), itertools.repeat(ORJSON_OPTIONS)))
     if b"\n".join(lines) + b"\n" != chunk or max(map(len, lines)) > MAX_LINE_BYTES:
         return None
-    return lines, events
+    return events
 
 
 def _bulk_columns(events: list[dict[str, Any]]) -> list[list[Any]]:
@@ -846,22 +845,49 @@ def _bulk_members(columns: list[list[Any]]) -> bool:
     )
 
 
-def _bulk_hashed(lines: list[bytes], digest: list[str]) -> bool:
+def _bulk_hashed(chunk: bytes, digest: list[str]) -> bool:
     """Every line's hash is the SHA-256 of the line without its hash member, cut where the exact
-    loop cuts it: at the last '"hash":"', 8 + 64 + 2 bytes ('"hash":"', the digits, '",') left out.
-    The exact loop also checks that the 64 bytes after that '"hash":"' are the hash; that holds
-    here by what is already proven: the line is the canonical form of an object of exactly the
-    event's members, whose "hash" (64 hex digits once it equals a hex digest) RFC 8785's key order
-    writes right after "data", and no member after it can hold '"hash":"': they are all strings
-    and numbers (their types were checked), and an encoded string writes each quote as '\\"'."""
-    # (head, '"hash":"', rest) at the last '"hash":"'; the body is head and rest past its 64 + 2 bytes
-    parts = list(map(bytes.rpartition, lines, itertools.repeat(_HASH_KEY)))
-    if set(map(_MIDDLE, parts)) != {_HASH_KEY}:  # (b"" where a line has none)
-        return False
-    tails = map(operator.getitem, map(_LAST, parts), itertools.repeat(_PAST_HASH))
-    digests = b"".join(map(_SHA256_DIGEST, map(hashlib.sha256, map(operator.add, map(_FIRST, parts), tails))))
+    loop cuts it: at the last '"hash":"', 8 + 64 + 2 bytes ('"hash":"', the digits, '",') left out
+    (:func:`body_digests`). The exact loop also checks that the 64 bytes after that '"hash":"' are
+    the hash; that holds here by what is already proven: the line is the canonical form of an
+    object of exactly the event's members, whose "hash" (64 hex digits once it equals a hex digest)
+    RFC 8785's key order writes right after "data", and no member after it can hold '"hash":"':
+    they are all strings and numbers (their types were checked), and an encoded string writes each
+    quote as '\\"'."""
+    digests = body_digests(chunk)
     # pieces of 64 characters each: the joins are equal if and only if each hash is its digest's hex
-    return set(map(len, digest)) == {64} and digests.hex() == "".join(digest)
+    return digests is not None and set(map(len, digest)) == {64} and digests.hex() == "".join(digest)
+
+
+def body_digests_reference(chunk: bytes) -> bytes | None:
+    """The SHA-256 digests (32 bytes each, in order) of the chunk's lines (each ending in a
+    newline: else ValueError), each line without its last '"hash":"' and the 66 bytes after it
+    (its 64 digits and '",'; fewer where the line ends sooner); None if a line has no '"hash":"'.
+    ale.core._linehash (C, optional) computes the same; tests/test_linehash.py holds the two together."""
+    if chunk and not chunk.endswith(b"\n"):
+        raise ValueError("the buffer's last line does not end in a newline")
+    # (head, '"hash":"', rest) at the last '"hash":"'; the body is head and rest past its 64 + 2 bytes
+    parts = list(map(bytes.rpartition, chunk[:-1].split(b"\n") if chunk else (), itertools.repeat(_HASH_KEY)))
+    if parts and set(map(_MIDDLE, parts)) != {_HASH_KEY}:  # (b"" where a line has none)
+        return None
+    tails = map(operator.getitem, map(_LAST, parts), itertools.repeat(_PAST_HASH))
+    return b"".join(map(_SHA256_DIGEST, map(hashlib.sha256, map(operator.add, map(_FIRST, parts), tails))))
+
+
+def _native_body_digests() -> Callable[[bytes], bytes | None] | None:
+    """ale.core._linehash's body_digests, or None where it was not built."""
+    try:
+        from ale.core import _linehash  # type: ignore[attr-defined]  # (a C module, built when it can be)
+    except ImportError:
+        return None
+    native: Callable[[bytes], bytes | None] = _linehash.body_digests
+    return native
+
+
+#: :func:`body_digests_reference`, in C where ale.core._linehash was built (one call a batch, without
+#: the GIL while it hashes); LINEHASH names which
+body_digests: Callable[[bytes], bytes | None] = _native_body_digests() or body_digests_reference
+LINEHASH = "native" if body_digests is not body_digests_reference else "python"
 
 
 def _bulk_producers(

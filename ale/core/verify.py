@@ -174,6 +174,15 @@ def decompress_events(raw: bytes, on_block: Callable[[bytes], None] | None = Non
         raise VerificationError(exc.reason, f"events.jsonl.zst: {exc}") from None
 
 
+def decompress_events_into(raw: bytes, into: memoryview, on_block: Callable[[int, int], None] | None = None) -> int:
+    """:func:`decompress_events` into ``into`` (MAX_EVENTS_BYTES at least; see
+    :func:`ale.core.bundle.decompress_into`): the trajectory's size."""
+    try:
+        return bundle.decompress_into(raw, bundle.Limits(max_decompressed=MAX_EVENTS_BYTES), into, on_block)
+    except bundle.BundleError as exc:
+        raise VerificationError(exc.reason, f"events.jsonl.zst: {exc}") from None
+
+
 def parse_documents(
     files: Mapping[str, bytes], validate: Validator | None = None, events: Callable[[], bytes] | None = None
 ) -> Documents:
