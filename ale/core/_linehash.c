@@ -4,7 +4,7 @@
  * batch without its "hash" member. In Python that is a handful of calls a line (find the member,
  * cut it out, hash, take the digest) costing about as much as the hashing itself; here it is one
  * call a batch, with the GIL released while it hashes. It does nothing else: it parses no JSON and
- * decides nothing. It computes exactly what ale.core.trajectory._body_digests_reference computes,
+ * decides nothing. It computes exactly what ale.core.trajectory.body_digests_reference computes,
  * which tests/test_linehash.py holds it to over hostile buffers; the module is optional (built
  * when a C compiler and OpenSSL's headers are there; without it the reference is used).
  *
