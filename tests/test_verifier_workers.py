@@ -4,6 +4,7 @@ verdicts of the server's own process, within bounds, and a dead worker costs onl
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import random
 import select
@@ -185,6 +186,20 @@ def test_a_chunk_job_gives_the_decompression_error_when_asked_and_stops_when_can
     assert job._thread is not None
     assert not job._thread.is_alive()
     assert _memfds(os.getpid()) == []
+
+
+def test_a_chunk_job_without_room_for_its_mapping_decompresses_by_pwrite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a tight address-space bound the memory file's mapping may fail (ENOMEM): the job then
+    writes the decompressed blocks into the file instead, with the same reports."""
+    from ale_verify import chain_workers
+
+    def no_room(self: Any) -> Any:
+        raise OSError(errno.ENOMEM, "Cannot allocate memory")
+
+    stream = _stream(120)
+    expected = _through(stream, 0, threaded=True)
+    monkeypatch.setattr(chain_workers._MemoryFile, "mapping", no_room)
+    assert _through(stream, 0, threaded=True) == expected == _verdict(lambda: verify_chain(stream))
 
 
 def test_a_chunk_job_frees_its_memory_file() -> None:

@@ -40,7 +40,7 @@ from typing import Protocol
 import attrs
 
 from ale.core.trajectory import ChunkReport, check_chunk
-from ale.core.verify import MAX_EVENTS_BYTES, decompress_events_into
+from ale.core.verify import MAX_EVENTS_BYTES, decompress_events, decompress_events_into
 
 
 @attrs.define
@@ -220,7 +220,11 @@ class SharedChainJob:
     def _decompress(self, compressed: bytes) -> None:
         try:
             assert self._file is not None
-            mapping = self._file.mapping()
+            try:
+                mapping = self._file.mapping()
+            except OSError:  # no room for the mapping (a tight ALE_VERIFY_WORKER_MEMORY_BYTES): the blocks by pwrite
+                decompress_events(compressed, self.feed)
+                return
             with memoryview(mapping) as into:
                 decompress_events_into(compressed, into, lambda offset, length: self._took(mapping, offset, length))
         except BaseException as exc:  # raised again by decompressed(), in the pipeline's order
