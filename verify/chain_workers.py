@@ -86,9 +86,10 @@ class _Arena:
     file, holding as many pages as its largest trajectory so far needed (its size is the
     trajectory's limit, MAX_EVENTS_BYTES, but a page costs only once written), mapped once into
     the process, and a job decompresses over it from the start. Bytes past a job's own size are
-    an earlier upload's and are never read (every span and :meth:`SharedChainJob.stream` lie within the job's size); a
-    chunk of an ended job that a helper reads after the next job began writing gets checked, but
-    its report names the ended job, and the server and the owner drop it (their job ids differ).
+    an earlier upload's and are never read (every span and :meth:`SharedChainJob.stream` lie
+    within the job's size); a chunk of an ended job that a helper reads after the next job began
+    writing gets checked, but its report names the ended job, and the server and the owner drop
+    it (their job ids differ).
     One job at a time holds it; a second job in the same process meanwhile gets a file of its own.
     Only jobs made with ``reuse`` (an upload worker's) use it.
     """
@@ -190,9 +191,8 @@ class SharedChainJob:
         #: with ``reuse``, the process's arena (an upload worker's) if no other job holds it
         arena = _ARENA.take() if reuse else None
         self._arena = arena is not None  # (else a file of its own, freed when the job ends)
+        #: the trajectory's memory file (None once the job is cancelled)
         self._file: _MemoryFile | None = arena if arena is not None else _MemoryFile.new()
-        self._fd: int | None = self._file.fd
-        self._name = self._file.name
         self._size = 0  # bytes written
         self._cut = 0  # where the next chunk starts
         self._last_newline = -1  # offset of the last newline written
@@ -239,13 +239,13 @@ class SharedChainJob:
 
     def feed(self, block: bytes) -> None:
         """The next decompressed block; complete lines are offered once a chunk is full."""
-        if self._fd is None:
+        if self._file is None:
             raise RuntimeError("the job was cancelled")
         if self._stop:
             raise _Stopped("the job is being cancelled")
         view, at = memoryview(block), self._size
         while view:
-            written = os.pwrite(self._fd, view, at)
+            written = os.pwrite(self._file.fd, view, at)
             view, at = view[written:], at + written
         self._took(block, 0, len(block))
 
@@ -267,9 +267,10 @@ class SharedChainJob:
             self._add(base + end_of_chunk)
 
     def _add(self, end: int) -> None:
-        assert self._fd is not None
+        assert self._file is not None
         first_line = 1 if not self._spans else None  # later chunks learn their place when linked
-        span = Span(len(self._spans), os.getpid(), self._fd, self._name, self._cut, end - self._cut, first_line)
+        file = self._file
+        span = Span(len(self._spans), os.getpid(), file.fd, file.name, self._cut, end - self._cut, first_line)
         self._cut = end
         self._spans.append(span)
         if self._busy or not (self._alone or self._ended):  # this worker will not get to it soon: anyone may
@@ -284,13 +285,13 @@ class SharedChainJob:
 
     def stream(self) -> bytes:
         """The whole trajectory as fed (for the one pass, and the judge inputs of step 12)."""
-        if self._fd is None:
+        if self._file is None:
             raise RuntimeError("the job was cancelled")
         return self._read(0, self._size)
 
     def _read(self, offset: int, length: int) -> bytes:
-        assert self._fd is not None
-        data = os.pread(self._fd, length, offset) if length else b""
+        assert self._file is not None
+        data = os.pread(self._file.fd, length, offset) if length else b""
         if len(data) != length:
             raise OSError(f"read {len(data)} of {length} bytes back from the trajectory's memory file")
         return data
@@ -311,7 +312,7 @@ class SharedChainJob:
 
     def reports(self) -> list[ChunkReport] | bytes:
         """The chunks' reports in stream order, or the whole stream: check it in one pass instead."""
-        if self._fd is None:
+        if self._file is None:
             raise RuntimeError("the job was cancelled")
         if self._thread is not None:
             self._thread.join()
@@ -385,10 +386,9 @@ class SharedChainJob:
             for fd in self._signal:
                 os.close(fd)
             self._signal = (-1, -1)
-        if self._fd is not None:
-            assert self._file is not None
+        if self._file is not None:
             if self._arena:  # kept for the next job
                 _ARENA.give_back()
             else:
                 self._file.close()
-            self._fd = self._file = None
+            self._file = None
