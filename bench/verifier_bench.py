@@ -616,10 +616,12 @@ def bench_verification(site: Site, ciphertext: bytes, identity: str, rounds: int
         lambda: inproc.append(pipeline_once(site, ciphertext)[0]),
         on_workers,
     ]
+    steal0 = _steal_ticks()
     for r in range(rounds):  # rotate the order between rounds
         loads.append(os.getloadavg()[0])
         for i in range(3):
             runs[(i + r) % 3]()
+    steal = _steal_percent(steal0, _steal_ticks())
     floor_med = statistics.median(f["total_s"] for f in floors)
     pipe_med = statistics.median(pipes)
     inproc_med = statistics.median(inproc)
@@ -634,6 +636,7 @@ def bench_verification(site: Site, ciphertext: bytes, identity: str, rounds: int
         },
         "rounds": rounds,
         "loadavg_1min_per_round": loads,
+        "steal_percent": steal,
         "floor_s": floor_med,
         "floor_breakdown_median": {k: statistics.median(f[k] for f in floors) for k in floors[0]},
         "pipeline_s": pipe_med,
@@ -807,6 +810,23 @@ async def _sequential(url: str, token: str, body: bytes, n: int, client: str) ->
     return out
 
 
+def _steal_ticks() -> tuple[int, int]:
+    """(steal, all) clock ticks of the whole machine so far, from /proc/stat: the time the
+    hypervisor gave this virtual machine's CPUs to others (0 on bare metal); (0, 0) where the
+    kernel does not count it."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    return (fields[7], sum(fields)) if len(fields) == 8 else (0, 0)
+
+
+def _steal_percent(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """The share of every CPU's time between two :func:`_steal_ticks` that the hypervisor took."""
+    ticks = after[1] - before[1]
+    return 100 * (after[0] - before[0]) / ticks if ticks > 0 else None
+
+
 def _machine_cpu() -> tuple[float, float]:
     """(busy, all) CPU seconds of the whole machine so far, from /proc/stat (idle and iowait are not busy)."""
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
@@ -860,9 +880,10 @@ def bench_load(
         seq = asyncio.run(_sequential(url, token, body, sequential, client))
         tree = _tree(proc.pid)  # the server, its fork server and its upload workers
         cpu0, self0, load0 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds(), os.getloadavg()
-        tree0, machine0 = _cpu_s(tree), _machine_cpu()
+        tree0, machine0, steal0 = _cpu_s(tree), _machine_cpu(), _steal_ticks()
         res = asyncio.run(_load(url, token, body, clients, duration, client))
         cpu1, self1, tree1, machine1 = _proc_cpu_seconds(proc.pid), _self_cpu_seconds(), _cpu_s(tree), _machine_cpu()
+        steal = _steal_percent(steal0, _steal_ticks())
         threads = int(Path(f"/proc/{proc.pid}/status").read_text().split("Threads:")[1].split()[0])
         with contextlib.closing(sqlite3.connect(database)) as conn:
             stored = conn.execute("SELECT status, COUNT(*) FROM submissions GROUP BY status").fetchall()
@@ -903,6 +924,8 @@ def bench_load(
         # the machine's cores during the load: busy (all processes) and what other processes took
         "machine_busy_percent": 100 * (machine1[0] - machine0[0]) / (machine1[1] - machine0[1]),
         "machine_others_percent_of_one_core": 100 * others / res["elapsed_s"],
+        # of every CPU's time, what the hypervisor gave to other machines (None: not counted)
+        "steal_percent": steal,
         # of the cores' time the other processes left, what the server and its clients used: near
         # 100% with 2 workers means nothing serialises them (the CPU is what bounds them)
         "percent_of_the_cpu_left_used": 100 * ((tree1 - tree0) + (self1 - self0)) / (machine_s - others),
@@ -920,6 +943,7 @@ def bench_load(
 
 def _print_loads(loads: dict[int, dict[str, Any]]) -> None:
     for n, load in loads.items():
+        steal = "" if load["steal_percent"] is None else f"; steal {load['steal_percent']:.1f}%"
         print(f"  --workers {n}: {load['uploads_ok']} accepted, {load['errors']} errors,"
               f" {load['uploads_per_s']:.1f} uploads/s; latency p50 {load['latency_p50_s'] * 1000:.0f} ms,"
               f" p99 {load['latency_p99_s'] * 1000:.0f} ms; server CPU"
@@ -928,7 +952,7 @@ def _print_loads(loads: dict[int, dict[str, Any]]) -> None:
               f" {load['client_cpu_percent_of_one_core']:.0f}% ({load['client']}); the machine's cores"
               f" {load['machine_busy_percent']:.0f}% busy (other processes"
               f" {load['machine_others_percent_of_one_core']:.0f}% of one core; of what they left, the server"
-              f" and its clients used {load['percent_of_the_cpu_left_used']:.0f}%); load average"
+              f" and its clients used {load['percent_of_the_cpu_left_used']:.0f}%{steal}); load average"
               f" {load['loadavg_before'][0]:.2f} -> {load['loadavg_after'][0]:.2f};"
               f" stored {load['db_submissions_by_status']}")  # fmt: skip
         sq = load["sequential"]
@@ -1025,8 +1049,9 @@ def main() -> None:
             served.close()
         fb = ver["floor_breakdown_median"]
         la = ver["loadavg_1min_per_round"]
+        steal = "" if ver["steal_percent"] is None else f"; steal {ver['steal_percent']:.1f}% of the CPUs' time"
         print(f"\nverification of the {big_info['ciphertext_bytes'] / 1e6:.1f} MB bundle (median of {rounds} rounds;"
-              f" load average {min(la):.2f}-{max(la):.2f}):")  # fmt: skip
+              f" load average {min(la):.2f}-{max(la):.2f}{steal}):")  # fmt: skip
         print(f"  outcome: {ver['outcome']['status']}, level {ver['outcome']['level']}")
         print(f"  floor    {ver['floor_s'] * 1000:8.1f} ms  (decrypt {fb['decrypt_s'] * 1000:.1f}, zstd outer"
               f" {fb['outer_decompress_s'] * 1000:.1f}, zstd events {fb['inner_decompress_s'] * 1000:.1f},"
