@@ -810,12 +810,18 @@ async def _sequential(url: str, token: str, body: bytes, n: int, client: str) ->
     return out
 
 
+def _cpu_ticks() -> list[int]:
+    """The whole machine's clock ticks so far, from /proc/stat's first line: user, nice, system,
+    idle, iowait, irq, softirq and (where the kernel counts it) steal."""
+    return [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+
+
 def _steal_ticks() -> tuple[int, int]:
-    """(steal, all) clock ticks of the whole machine so far, from /proc/stat: the time the
+    """(steal, all) clock ticks of the whole machine so far (:func:`_cpu_ticks`): the time the
     hypervisor gave this virtual machine's CPUs to others (0 on bare metal); (0, 0) where the
     kernel does not count it."""
     try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+        fields = _cpu_ticks()
     except (OSError, ValueError, IndexError):
         return 0, 0
     return (fields[7], sum(fields)) if len(fields) == 8 else (0, 0)
@@ -828,8 +834,9 @@ def _steal_percent(before: tuple[int, int], after: tuple[int, int]) -> float | N
 
 
 def _machine_cpu() -> tuple[float, float]:
-    """(busy, all) CPU seconds of the whole machine so far, from /proc/stat (idle and iowait are not busy)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
+    """(busy, all) CPU seconds of the whole machine so far, steal aside (:func:`_cpu_ticks`; idle and
+    iowait are not busy)."""
+    fields = _cpu_ticks()[:7]
     tck = os.sysconf("SC_CLK_TCK")
     return (sum(fields) - fields[3] - fields[4]) / tck, sum(fields) / tck
 
