@@ -48,7 +48,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 
+import _cores  # noqa: E402  (bench/_cores.py: the cores' speed together)
 import site_fixtures  # noqa: E402  (the test suite's fixture module)
 
 from ale_verify import __version__, export  # noqa: E402
@@ -99,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         export.export_site(database, Path(tmp) / "one-process", docs_dir=ROOT / "docs", page_size=args.page_size,
                            jobs=1)  # fmt: skip
         one_process_s = time.perf_counter() - started
+        scaling = _cores.core_scaling()  # what the workers' speed-up over one process can be on this host
         side_by_side = (
             _side_by_side(
                 args.against, database, [args.disk, args.quiet_disk, *([args.tmpfs] if args.tmpfs else [])], args
@@ -139,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                 "platform": platform.platform(),
                 "loadavg_start": [round(x, 2) for x in load_start],
                 "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+                "core_scaling": scaling,
             },
             "config": {"submissions": args.submissions, "rounds": args.rounds, "page_size": args.page_size},
             "uploads": {
@@ -200,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if tmpfs_times:
         print(f"into a tmpfs folder ({args.tmpfs}): {result['tmpfs_export_s']['median']} s median")
     print(f"one process: {result['one_process_export_s']} s; worker processes: {result['workers_speedup']}x faster")
+    print(f"the host: {_cores.describe(result['machine']['core_scaling'])}")
     inc = result["after_one_upload"]
     print(
         f"after one more upload: {inc['export_s']} s, {inc['rendered']} of {inc['pages']} pages rendered, "

@@ -62,6 +62,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import _cores  # noqa: E402  (bench/_cores.py: the cores' speed together)
+
 MIB = 1024 * 1024
 GOAL_RATIO = 1.2
 BENCH_USER = "bench"
@@ -622,6 +626,7 @@ def bench_verification(site: Site, ciphertext: bytes, identity: str, rounds: int
         for i in range(3):
             runs[(i + r) % 3]()
     steal = _steal_percent(steal0, _steal_ticks())
+    scaling = _cores.core_scaling()  # right after the rounds: the host as they found it
     floor_med = statistics.median(f["total_s"] for f in floors)
     pipe_med = statistics.median(pipes)
     inproc_med = statistics.median(inproc)
@@ -637,6 +642,7 @@ def bench_verification(site: Site, ciphertext: bytes, identity: str, rounds: int
         "rounds": rounds,
         "loadavg_1min_per_round": loads,
         "steal_percent": steal,
+        "core_scaling": scaling,
         "floor_s": floor_med,
         "floor_breakdown_median": {k: statistics.median(f[k] for f in floors) for k in floors[0]},
         "pipeline_s": pipe_med,
@@ -1095,6 +1101,8 @@ def main() -> None:
         print(f"  ratio pipeline/floor = {ver['ratio']:.2f}x -> {verdict} the {GOAL_RATIO}x goal"
               f" (median of per-round ratios {ver['ratio_paired_median']:.2f}x, best against best"
               f" {ver['ratio_best']:.2f}x)")  # fmt: skip
+        print(f"  the host: {_cores.describe(ver['core_scaling'])}; the floor runs on one core, the pipeline on"
+              f" {ver['pipeline_workers']}")  # fmt: skip
         print("  steps, called one by one in this process (ms):")
         for name, s in ver["steps_s"].items():
             print(f"    {name:34s} {s * 1000:8.1f}")
