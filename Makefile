@@ -18,9 +18,9 @@ $(BIN)/python:
 # (setup.py builds the optional C module ale.core._linehash, the verifier's per-line hasher: with
 # gcc, Python's headers and libssl-dev; without them the install goes on and the verifier uses its
 # Python reference, slower; docs/verifier.md, "The native line hasher")
-$(VENV)/.installed: pyproject.toml setup.py ale/core/_linehash.c | $(BIN)/python
+$(VENV)/.installed: pyproject.toml setup.py ale/core/_linehash.c ale/core/_eventscan.c | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
-	@$(BIN)/python -c 'import ale.core._linehash' 2>/dev/null || echo "note: the C line hasher was not built (it needs gcc, python3-dev and libssl-dev); the verifier uses its Python reference, which is slower. To build it: install those, then touch setup.py && make install"
+	@$(BIN)/python -c 'import ale.core._linehash, ale.core._eventscan' 2>/dev/null || echo "note: the C line hasher and event scan were not built (it needs gcc, python3-dev and libssl-dev); the verifier uses its Python reference, which is slower. To build it: install those, then touch setup.py && make install"
 	touch $@
 
 install: $(VENV)/.installed  ## create .venv and install the project with its dev tools

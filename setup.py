@@ -15,6 +15,13 @@ setup(
             libraries=["crypto"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
             optional=True,
-        )
+        ),
+        Extension(
+            "ale.core._eventscan",
+            sources=["ale/core/_eventscan.c"],
+            libraries=["crypto"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
+            optional=True,
+        ),
     ]
 )

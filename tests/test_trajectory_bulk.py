@@ -73,14 +73,30 @@ def _hasher(digests: Callable[[bytes], bytes | None]) -> Iterator[None]:
 _HASHERS = tuple(dict.fromkeys((trajectory.body_digests_reference, trajectory.body_digests)))
 
 
+@contextlib.contextmanager
+def _scanner(scan: Callable[[bytes], Any] | None) -> Iterator[None]:
+    """The bulk path's one-pass scan of plain lines (trajectory._native_scan) swapped for ``scan``."""
+    saved = trajectory._native_scan
+    trajectory._native_scan = scan
+    try:
+        yield
+    finally:
+        trajectory._native_scan = saved
+
+
+#: the scans the bulk path may run with: none (its passes alone), and the C one where it was built
+#: (tests/test_eventscan.py holds it to the passes; here each is held to the exact loop)
+_SCANNERS = tuple(dict.fromkeys((None, trajectory._native_scan)))
+
+
 def _assert_bulk_is_exact(stream: bytes, cuts: list[int], batch: int, **kwargs: Any) -> tuple[str, Any]:
     """Every piece's bulk report is the exact loop's (its place known or not), with either
-    hasher, and the linked verdict is the reference's."""
+    hasher and with the scan or without, and the linked verdict is the reference's."""
     expected = _verdict(lambda: reference_verify(stream, **kwargs))
     if not stream.endswith(b"\n"):
         return expected
-    for known, digests in itertools.product((True, False), _HASHERS):
-        with _batch(batch), _hasher(digests):
+    for known, digests, scan in itertools.product((True, False), _HASHERS, _SCANNERS):
+        with _batch(batch), _hasher(digests), _scanner(scan):
             reports = []
             for piece, line in _pieces(stream, cuts):
                 first = line if known or line == 1 else None

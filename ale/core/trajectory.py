@@ -663,6 +663,10 @@ class _Scan:
     def _bulk_batch(self, piece: bytes, window: int, kinds: collections.Counter[str]) -> int | None:
         """Vouch for a batch of lines that follows what the scan checked so far, and take it in;
         the grammar's window after it, or None."""
+        if _native_scan is not None:
+            scanned = _native_scan(piece)
+            if scanned is not None:  # every line of the plainest form (ale/core/_eventscan.c)
+                return self._bulk_scanned(piece, scanned, window, kinds)
         events = _bulk_events(piece)
         if events is None:
             return None
@@ -676,6 +680,35 @@ class _Scan:
         ):
             return None
         return self._bulk_take(base, columns, window, kinds)
+
+    def _bulk_scanned(
+        self, piece: bytes, scanned: tuple[Any, ...], window: int, kinds: collections.Counter[str]
+    ) -> int | None:
+        """:meth:`_bulk_batch` for a batch ale.core._eventscan vouched for: it checked each line's
+        form, members, types and hash, the links and seq within the batch; what is left is what
+        the batch is checked against (the lines before it), the producers and kinds by name, and
+        taking it in."""
+        count, seq0, prev0, head, wall0, wall_last, producer, sequence, monotonic, kind, spans = scanned
+        data = _Spans(piece, spans)
+        if not (_PRODUCER_SET.issuperset(producer) and _VALID_KINDS.issuperset(kind)):
+            return None
+        first = self.checked == 0
+        if self.first_line is not None:
+            start = self.first_line - 1 + self.checked
+        else:
+            start = seq0 if first else (self.first_seq or 0) + self.checked
+        if seq0 != start:
+            return None
+        if not first:
+            if prev0 != self.head:
+                return None
+        elif self.first_line == 1 and _first_fault(producer[0], kind[0], data[0]) is not None:
+            return None  # (a first prev_hash is 64 hex digits: GENESIS, or the first of a later part)
+        base = (1 if self.first_line is None else self.first_line) + self.checked
+        columns = [[], [], producer, sequence, [], monotonic]  # what _bulk_producers reads
+        if not _bulk_producers(base, columns, self.first_of, self.counts):
+            return None
+        return self._take(base, count, (seq0, prev0, wall0), (head, wall_last), producer, kind, data, window, kinds)
 
     def _bulk_follows(self, columns: list[list[Any]]) -> bool:
         """seq counts on, each prev_hash is the hash before it, and the stream's first event is right."""
@@ -696,8 +729,25 @@ class _Scan:
     def _bulk_take(self, base: int, columns: list[list[Any]], window: int, kinds: collections.Counter[str]) -> int:
         """Take a vouched-for batch in, as the exact loop does; the grammar's window after it."""
         seq, producer, wall, kind, data, prev, digest = (columns[i] for i in (1, 2, 4, 6, 7, 8, 9))
+        first, last = (seq[0], prev[0], wall[0]), (digest[-1], wall[-1])
+        return self._take(base, len(seq), first, last, producer, kind, data, window, kinds)
+
+    def _take(
+        self,
+        base: int,
+        count: int,
+        first: tuple[int, str, str],
+        last: tuple[str, str],
+        producer: list[str],
+        kind: list[str],
+        data: Sequence[dict[str, Any]] | _Spans,
+        window: int,
+        kinds: collections.Counter[str],
+    ) -> int:
+        """:meth:`_bulk_take` of ``count`` lines: the first's seq, prev_hash and wall time, the
+        last's hash and wall time, and each line's producer, kind and data."""
         if self.checked == 0:
-            self._first(base, seq[0], prev[0], wall[0], data[0])
+            self._first(base, *first, data[0])
         kinds.update(kind)
         for index in itertools.compress(itertools.count(), map(netstats.TALLIED.__contains__, kind)):
             self._tally(producer[index], kind[index], data[index])
@@ -708,7 +758,8 @@ class _Scan:
             self._structural(base + index, producer[index], kind[index], data[index])
         if windowed:
             self.tokens[before:] = sorted(self.tokens[before:] + windowed, key=operator.itemgetter(0))
-        self.head, self.checked, self.last_wall = digest[-1], self.checked + len(seq), wall[-1]
+        self.head, self.last_wall = last
+        self.checked += count
         return window
 
     def _first(self, number: int, seq: int, prev: str, wall: str, data: dict[str, Any]) -> None:
@@ -772,6 +823,40 @@ _BITS: dict[str, dict[str, int]] = {producer: dict(kinds) for producer, kinds in
 _INT_OR_STR = frozenset({int, str})
 _TIME_TYPES = frozenset({int, float})
 _FLOAT_TYPE = frozenset({float})
+
+
+class _Spans:
+    """The data of a batch ale.core._eventscan vouched for, each parsed when read (the bulk path
+    reads the data of a few lines only: the first, the structural ones and those it tallies)."""
+
+    __slots__ = ("offsets", "piece")
+
+    def __init__(self, piece: bytes, spans: bytes) -> None:
+        self.piece = piece
+        self.offsets = memoryview(spans).cast("I")  # (start, end) of each line's data
+
+    def __getitem__(self, index: int) -> Any:
+        if not 0 <= index < len(self.offsets) // 2:
+            raise IndexError(index)
+        return orjson.loads(self.piece[self.offsets[2 * index] : self.offsets[2 * index + 1]])
+
+    def __len__(self) -> int:
+        return len(self.offsets) // 2
+
+
+def _native_scanner() -> Callable[[bytes], tuple[Any, ...] | None] | None:
+    """ale.core._eventscan's scan, or None where it was not built."""
+    try:
+        from ale.core import _eventscan  # type: ignore[attr-defined]  # (a C module, built when it can be)
+    except ImportError:
+        return None
+    native: Callable[[bytes], tuple[Any, ...] | None] = _eventscan.scan
+    return native
+
+
+#: the one-pass scan of plain lines (ale/core/_eventscan.c), or None: the bulk path's passes alone
+_native_scan = _native_scanner()
+EVENTSCAN = "native" if _native_scan is not None else "python"
 
 
 def _bulk_events(chunk: bytes) -> list[Any] | None:
