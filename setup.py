@@ -10,18 +10,12 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "ale.core._linehash",
-            sources=["ale/core/_linehash.c"],
+            f"ale.core.{name}",
+            sources=[f"ale/core/{name}.c"],
             libraries=["crypto"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
             optional=True,
-        ),
-        Extension(
-            "ale.core._eventscan",
-            sources=["ale/core/_eventscan.c"],
-            libraries=["crypto"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit-function-declaration"],
-            optional=True,
-        ),
+        )
+        for name in ("_linehash", "_eventscan")  # the line hasher, and the bulk chain check's scan
     ]
 )
