@@ -693,11 +693,7 @@ class _Scan:
         if not (_PRODUCER_SET.issuperset(producer) and _VALID_KINDS.issuperset(kind)):
             return None
         first = self.checked == 0
-        if self.first_line is not None:
-            start = self.first_line - 1 + self.checked
-        else:
-            start = seq0 if first else (self.first_seq or 0) + self.checked
-        if seq0 != start:
+        if seq0 != self._seq_start(seq0):
             return None
         if not first:
             if prev0 != self.head:
@@ -710,14 +706,18 @@ class _Scan:
             return None
         return self._take(base, count, (seq0, prev0, wall0), (head, wall_last), producer, kind, data, window, kinds)
 
+    def _seq_start(self, first_seq: int) -> int:
+        """The seq the next batch must start at (``first_seq``: its first line's)."""
+        if self.first_line is not None:
+            return self.first_line - 1 + self.checked
+        # a chunk whose place is not yet known: its first seq, and on by one from there
+        return first_seq if self.checked == 0 else (self.first_seq or 0) + self.checked
+
     def _bulk_follows(self, columns: list[list[Any]]) -> bool:
         """seq counts on, each prev_hash is the hash before it, and the stream's first event is right."""
         seq, producer, kind, data, prev, digest = (columns[i] for i in (1, 2, 6, 7, 8, 9))
         first = self.checked == 0
-        if self.first_line is not None:
-            start = self.first_line - 1 + self.checked
-        else:  # a chunk whose place is not yet known: its first seq, and on by one from there
-            start = seq[0] if first else (self.first_seq or 0) + self.checked
+        start = self._seq_start(seq[0])
         if seq != list(range(start, start + len(seq))) or prev[1:] != digest[:-1]:
             return False
         if not first:
