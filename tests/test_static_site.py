@@ -27,6 +27,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import deque
+from html import unescape
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,8 @@ def _cells(html: str, submission: str) -> list[str]:
     """The text of the cells of the board row that links to ``submission``."""
     row = re.search(rf"<tr[^>]*>(?:(?!</tr>).)*submissions/{submission}\.html(?:(?!</tr>).)*</tr>", html, re.S)
     assert row, submission
-    return [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row.group(0), re.S)]
+    cells = re.findall(r"<t[dh][^>]*>(.*?)</t[dh]>", row.group(0), re.S)
+    return [unescape(re.sub(r"<[^>]+>", "", c)).strip() for c in cells]  # the text a reader sees
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -380,6 +382,33 @@ def test_pages_are_small(mix: dict[str, Any]) -> None:
     assert max(v for k, v in sizes.items() if not k.startswith("docs/")) < 80_000
 
 
+def test_a_page_of_ascii_data_is_ascii_and_shows_the_same_text(mix: dict[str, Any]) -> None:
+    """The templates and filters write what is not ASCII as character references (export.NO_VALUE,
+    the templates' &mdash; ...), and so do the markdown and the charts' clipped names: every page
+    the database fills is an ASCII str unless a submitter's own text is not ASCII (joined and
+    encoded a byte a character: a page with one wide character costs twice the memory). What a
+    reader sees is the same text: a submitter's non-ASCII name is shown as it is."""
+    unicode_pages = set()
+    for page in sf.html_files(mix["site"]):
+        rel = page.relative_to(mix["site"]).as_posix()
+        text = page.read_bytes().decode("utf-8")
+        if rel.startswith(("docs/", "schemas/")):
+            continue  # the project's own docs: headings as they are written
+        if not text.isascii():
+            unicode_pages.add(rel)
+            assert sf.UNICODE_NAME in text, rel  # only a submitter's text
+    assert f"submissions/{mix['ids']['unicode']}.html" in unicode_pages
+    board = _read(mix["site"], "index.html")
+    assert "&mdash;" in board
+    assert "&ndash;" in board
+    assert "—" not in board.replace(sf.UNICODE_NAME, "")
+    assert _cells(board, mix["ids"]["validated"])[8] == "—"  # a reader sees the dash
+    assert export.fmt_int(1234567) == "1&#8239;234&#8239;567"
+    assert type(export.fmt_int(1234567)) is Markup
+    assert export.fmt_int(999) == "999"
+    assert export.fmt_score(None) is export.NO_VALUE
+
+
 # -- what the board shows ---------------------------------------------------------------------
 
 
@@ -467,7 +496,7 @@ def test_tokens_only_from_the_proxy(mix: dict[str, Any]) -> None:
     assert _cells(index, mix["ids"]["validated"])[8] == "—"
     assert "Token counts come only from the network proxy" in index
     page = _read(mix["site"], f"submissions/{mix['ids']['proxy_tokens']}.html")
-    assert "18\u202f234\u202f567 input, 1\u202f204\u202f311 output" in page
+    assert "18\u202f234\u202f567 input, 1\u202f204\u202f311 output" in unescape(page)  # the text a reader sees
     rows = {r["submission_id"]: r for r in json.loads(_read(mix["site"], "leaderboard.json"))["submissions"]}
     assert rows[mix["ids"]["proxy_tokens"]]["input_tokens"] == 18_234_567
     assert rows[mix["ids"]["validated"]]["input_tokens"] is None
@@ -740,7 +769,7 @@ def test_the_top_chart_draws_each_runs_95_interval(mix: dict[str, Any]) -> None:
     cap = catalog.release()[0].cap
     rows = {r["submission_id"]: r for r in leaderboard_rows(db.all_submissions(mix["db"]), "overall")}
     for by in ("score", "both"):
-        groups = re.findall(r'<g class="bar-row">(.*?)</g>', charts[by], re.S)
+        groups = [unescape(g) for g in re.findall(r'<g class="bar-row">(.*?)</g>', charts[by], re.S)]
         assert len(groups) == min(10, sum(1 for r in rows.values() if r["rank"] is not None))
         for group in groups:
             name = re.search(r"<title>\d+\. (.*?)[:·]", group).group(1).strip()  # type: ignore[union-attr]
@@ -1057,7 +1086,7 @@ def _fmt_ci_as_it_was(bounds: Any) -> Markup:
     if bounds is None:
         return Markup("")
     low, high = export.fmt_score(bounds[0]), export.fmt_score(bounds[1])
-    return Markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{low}–{high}</span>')
+    return Markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{low}&ndash;{high}</span>')
 
 
 _BOUND = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(2**70), 2**70), st.none())

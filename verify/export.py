@@ -153,9 +153,15 @@ def default_docs_dir() -> Path | None:
 # -- formatting (Jinja filters) ----------------------------------------------------------------
 
 
+#: what a filter writes for no value: an em dash, as a character reference. The pages' own text is
+#: ASCII (character references for the rest, in the templates too), so that a page of ASCII data is
+#: an ASCII str, joined and encoded a byte a character
+NO_VALUE = Markup("&mdash;")
+
+
 def fmt_score(value: float | None) -> str:
     """Scores are dimensionless ratios: three decimals, never a percentage."""
-    return "—" if value is None else f"{value:.3f}"
+    return NO_VALUE if value is None else f"{value:.3f}"
 
 
 def fmt_ci(bounds: tuple[float, float] | None) -> Markup:
@@ -164,9 +170,9 @@ def fmt_ci(bounds: tuple[float, float] | None) -> Markup:
         return _NO_MARKUP
     low, high = bounds
     if type(low) is float and type(high) is float:  # a stored interval's (ranking.stored_bounds): fmt_score's text
-        text = f"{low:.3f}–{high:.3f}"
+        text = f"{low:.3f}&ndash;{high:.3f}"
     else:
-        text = f"{fmt_score(low)}–{fmt_score(high)}"
+        text = f"{fmt_score(low)}&ndash;{fmt_score(high)}"
     # digits, signs and points: nothing to escape. The Markup made as str makes it (markupsafe's
     # Markup.__new__ is Python: a third of this filter's time, on every row of every board)
     return _markup(f' <span class="ci"><span class="visually-hidden">95% interval </span>{text}</span>')
@@ -181,13 +187,13 @@ _NO_MARKUP = Markup("")
 
 
 def fmt_rate(value: float | None) -> str:
-    return "—" if value is None else f"{value * 100:.1f}%"
+    return NO_VALUE if value is None else f"{value * 100:.1f}%"
 
 
 def fmt_value(value: float | None) -> str:
     """A measured value or target: 4 significant digits, no exponent for everyday magnitudes."""
     if value is None:
-        return "—"
+        return NO_VALUE
     if value == 0:
         return "0"
     magnitude = math.floor(math.log10(abs(value)))
@@ -199,7 +205,7 @@ def fmt_value(value: float | None) -> str:
 
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
-        return "—"
+        return NO_VALUE
     s = round(seconds)
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
@@ -212,7 +218,7 @@ def fmt_duration(seconds: float | None) -> str:
 
 def fmt_tokens(value: int | None) -> str:
     if value is None:
-        return "—"
+        return NO_VALUE
     for unit, size in (("B", 10**9), ("M", 10**6), ("k", 10**3)):
         if value >= size:
             return f"{value / size:.1f}{unit}"
@@ -220,15 +226,19 @@ def fmt_tokens(value: int | None) -> str:
 
 
 def fmt_int(value: int | None) -> str:
-    return "—" if value is None else f"{value:,}".replace(",", "\u202f")  # narrow no-break space
+    """Digits, grouped by thousands with a narrow no-break space (as a character reference)."""
+    if value is None:
+        return NO_VALUE
+    text = f"{value:,}"
+    return _markup(text.replace(",", "&#8239;")) if "," in text else text
 
 
 def fmt_date(epoch: float | None) -> str:
-    return "—" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d")
+    return NO_VALUE if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d")
 
 
 def fmt_datetime(epoch: float | None) -> str:
-    return "—" if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return NO_VALUE if epoch is None else datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _iso(epoch: float) -> str:
@@ -592,7 +602,7 @@ class Markdown:
                 tok.attrSet("class", "md-table")  # a markdown table: header cells, no caption
             if tok.type == "inline" and tok.children:
                 self._links(tok.children, source_dir, page_dir, id_prefix)
-        return Markup(self.md.renderer.render(tokens, self.md.options, {})), headings
+        return _markup(_ascii_html(self.md.renderer.render(tokens, self.md.options, {}))), headings
 
     def _links(self, children: list[Token], source_dir: str, page_dir: str, id_prefix: str) -> None:
         stack: list[Token] = []
@@ -679,7 +689,7 @@ def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: flo
                     "x1": x1,
                     "x2": x2,
                     "y": round(y + bar_h / 2, 2),
-                    "text": f"{fmt_score(bounds[0])}–{fmt_score(bounds[1])}",
+                    "text": _markup(f"{fmt_score(bounds[0])}&ndash;{fmt_score(bounds[1])}"),
                 }
             group.append(
                 {
@@ -692,14 +702,14 @@ def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: flo
                     "ci": ci,  # the score's 95% interval: a line across the bar's end
                 }
             )
-        sub = " · ".join(x for x in (e.model, e.effort) if x) or "model not declared"
+        sub = " · ".join(x for x in (e.model, e.effort) if x) or "model not declared"  # (clipped, as text)
         bars.append(
             {
                 "entry": e,
                 "rank": i + 1,  # the position in this chart (by pass rate, it is not the board rank)
                 "board_rank": e.ranks[category],
-                "name": _clip(e.agent, 27),
-                "sub": _clip(sub, 34),
+                "name": _clip_html(e.agent, 27),
+                "sub": _clip_html(sub, 34),
                 "ty": round(top + i * pitch + pitch / 2, 2),
                 "bars": group,
             }
@@ -746,6 +756,17 @@ def _board_cells(rows: Sequence[Entry], category: str) -> list[tuple[Any, ...]]:
 def _task_cells(rows: Sequence[Entry], ref: str) -> list[tuple[Any, ...]]:
     """What a task's ranking shows of its entries: (entry, its task record, rank, interval)."""
     return [(e, e.results[ref], None if e.revoked else e.task_ranks[ref], e.task_intervals.get(ref)) for e in rows]
+
+
+def _clip_html(text: str, size: int) -> Markup:
+    """:func:`_clip` as HTML: escaped, its non-ASCII characters as character references."""
+    return _markup(_ascii_html(str(markupsafe.escape(_clip(text, size)))))
+
+
+def _ascii_html(html: str) -> str:
+    """HTML text with every character beyond ASCII written as a character reference: the same
+    document to a parser, in HTML's text and attribute values alike (no raw-text element here)."""
+    return html if html.isascii() else html.encode("ascii", "xmlcharrefreplace").decode("ascii")
 
 
 def _clip(text: str, size: int) -> str:
@@ -941,7 +962,7 @@ class Site:
         )
         self.env.template_class = _Template
         self.env.code_generator_class = _CodeGenerator
-        self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES)
+        self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES, dash=NO_VALUE)
         # a level's badge, rendered once by its macro: every page shows several
         self.env.globals["badges"] = {
             level: self.env.get_template("macros.html").module.badge(level)  # type: ignore[attr-defined]
