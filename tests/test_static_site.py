@@ -1137,3 +1137,25 @@ def test_manifest_json_refuses_an_entry_that_is_not_a_digest_and_a_size(entry: t
     refused rather than written into the manifest a client checks the files against."""
     with pytest.raises(export.ExportError, match="not a digest and a size"):
         export.manifest_json({"a.html": entry}, "g")
+
+
+_CSV_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from(',"\r\n\'=;\t '))
+_CSV_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
+    _CSV_TEXT, st.lists(_CSV_TEXT, max_size=3), st.builds(Markup, _CSV_TEXT),
+    st.dictionaries(_CSV_TEXT, st.integers(), max_size=2),
+)  # fmt: skip
+
+
+@pytest.mark.fuzz
+@given(values=st.lists(_CSV_VALUE, min_size=2, max_size=8))
+@fuzz_settings
+def test_csv_record_writes_what_the_csv_module_writes(values: list[Any]) -> None:
+    """leaderboard.csv's records are joined by export.csv_record, not the csv module's writer (which
+    looks up every character of every cell in the line terminator): the same characters for every
+    cell a row can hold (None, booleans, ints past 64 bits, NaN and infinities, text with commas,
+    quotes, line breaks and leading formula characters, lists, Markup, a hostile row's dict)."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\r\n").writerow([export._csv_cell(v) for v in values])
+    assert export.csv_record(values) == buf.getvalue()
+    assert next(csv.reader(io.StringIO(export.csv_record(values)))) == [export._csv_cell(v) for v in values]
