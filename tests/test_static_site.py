@@ -27,6 +27,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import deque
+from datetime import UTC, datetime
 from html import unescape
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ import jinja2.compiler
 import markupsafe
 import pytest
 import site_fixtures as sf
-from fuzzing import fuzz_settings
+from fuzzing import fuzz_settings, json_values
 from hypothesis import given
 from hypothesis import strategies as st
 from markupsafe import Markup
@@ -1139,7 +1140,7 @@ def test_manifest_json_refuses_an_entry_that_is_not_a_digest_and_a_size(entry: t
         export.manifest_json({"a.html": entry}, "g")
 
 
-_CSV_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from(',"\r\n\'=;\t '))
+_CSV_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)) | st.sampled_from(",\"\r\n'=;\t "))
 _CSV_VALUE = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
     _CSV_TEXT, st.lists(_CSV_TEXT, max_size=3), st.builds(Markup, _CSV_TEXT),
@@ -1159,3 +1160,29 @@ def test_csv_record_writes_what_the_csv_module_writes(values: list[Any]) -> None
     csv.writer(buf, lineterminator="\r\n").writerow([export._csv_cell(v) for v in values])
     assert export.csv_record(values) == buf.getvalue()
     assert next(csv.reader(io.StringIO(export.csv_record(values)))) == [export._csv_cell(v) for v in values]
+
+
+@pytest.mark.fuzz
+@given(epoch=st.one_of(st.floats(-62135596800.0, 253402300799.0), st.integers(-62135596800, 253402300799)))
+@fuzz_settings
+def test_the_date_filters_write_what_strftime_writes(epoch: float) -> None:
+    """fmt_date and fmt_datetime read isoformat's digits (strftime costs twice as much, on every
+    page): the same text as strftime for every moment from year 1 to 9999."""
+    moment = datetime.fromtimestamp(epoch, UTC)
+    assert export.fmt_date(epoch) == moment.strftime("%Y-%m-%d")
+    assert export.fmt_datetime(epoch) == moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+@pytest.mark.fuzz
+@given(name=st.sampled_from(sorted(export.ESCAPED_FILTERS)), value=st.one_of(json_values, st.floats()))
+@fuzz_settings
+def test_the_filters_written_unescaped_write_only_what_escaping_leaves(name: str, value: Any) -> None:
+    """A ``{{ x|score }}`` is compiled without the escape call (export.ESCAPED_FILTERS): each such
+    filter, for any value a database row can hold, writes text that escaping leaves as it is (a
+    str, or Markup), or raises (the row's fault: the export names it)."""
+    try:
+        out = export.ESCAPED_FILTERS[name](value)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return
+    assert isinstance(out, str)
+    assert str(markupsafe.escape(out)) == out
