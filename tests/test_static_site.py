@@ -1186,3 +1186,12 @@ def test_the_filters_written_unescaped_write_only_what_escaping_leaves(name: str
         return
     assert isinstance(out, str)
     assert str(markupsafe.escape(out)) == out
+
+
+@pytest.mark.fuzz
+@given(epoch=st.one_of(st.floats(-62135596800.0, 253402300799.0), st.integers(-62135596800, 253402300799)))
+@fuzz_settings
+def test_the_exports_received_at_is_what_strftime_writes(epoch: float) -> None:
+    """``received_at`` in the CSV/JSON exports: RFC 3339 with microseconds, from isoformat, the same
+    text as strftime's for every moment from year 1 to 9999 (microseconds of 0 included)."""
+    assert export._iso(epoch) == datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

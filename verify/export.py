@@ -106,13 +106,10 @@ CSV_COLUMNS = (
     "run_id", "ciphertext_sha256", "merkle_root",
     "judged_faithful", "judged_unfaithful", "unjudged", "judging_pending", "judged_by",
 )  # fmt: skip
-#: each category's columns of the exports' rows: (category, rank, score, lower, upper)
-_CATEGORY_COLUMNS = tuple(
-    (category, f"rank_{category}", f"score_{category}", f"lower_{category}", f"upper_{category}")
-    for category, *_ in CATEGORIES
-)
 #: The judgement columns: each lists the completed reproduction tasks in that state (judging.STATES).
 JUDGEMENT_COLUMNS = ("judged_faithful", "judged_unfaithful", "unjudged", "judging_pending")
+#: an interval's bounds where there is none
+_NO_BOUNDS = (None, None)
 
 
 class ExportError(Exception):
@@ -253,7 +250,11 @@ def fmt_datetime(epoch: float | None) -> str:
 
 
 def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """RFC 3339 UTC with microseconds, as ``strftime("%Y-%m-%dT%H:%M:%S.%fZ")`` writes it."""
+    moment = datetime.fromtimestamp(epoch, UTC)
+    if moment.year < 1000:  # strftime does not pad the year, isoformat does
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # its "+00:00" as "Z"
 
 
 def _runtime_s(started: float | None, finished: float | None, active: Any) -> float | None:
@@ -1510,19 +1511,10 @@ class Site:
         for e in sorted(entries, key=order):
             s = e.facts
             covered, required = e.coverage["overall"]
-            row: dict[str, Any] = {
-                "submission_id": e.id,
-                "url": e.href,
-                "agent": e.agent,
-                "model": e.model,
-                "effort": e.effort,
-                "level": e.level,
-                "revoked": e.revoked,
-            }
-            for category, rank, score, low, high in _CATEGORY_COLUMNS:
-                row[rank] = e.ranks.get(category)
-                row[score] = e.scores[category]
-                row[low], row[high] = e.intervals[category] or (None, None)
+            ranks, scores, rates, tokens = e.ranks, e.scores, e.pass_rates, e.tokens
+            low_overall, high_overall = e.intervals["overall"] or _NO_BOUNDS
+            low_reproduction, high_reproduction = e.intervals["reproduction"] or _NO_BOUNDS
+            low_open, high_open = e.intervals["open"] or _NO_BOUNDS
             states: dict[str, list[str]] = {state: [] for state in JUDGEMENT_COLUMNS}
             judged_by = []
             judgements = sorted(e.judgements.items())
@@ -1531,34 +1523,57 @@ class Site:
                     states[j["state"]].append(ref)
                 if j["judged_by"]:
                     judged_by.append(f"{ref}={_judged_by(j)}")
-            row |= {
-                "macro_mean": s["macro_mean"],
-                "pass_rate": e.pass_rates["overall"],
-                "pass_rate_reproduction": e.pass_rates["reproduction"],
-                "pass_rate_open": e.pass_rates["open"],
-                "covered": covered,
-                "required": required,
-                "coverage_complete": bool(s["coverage_complete"]),
-                "missing": list(s["missing"] or []),
-                "runtime_s": None if e.runtime_s is None else round(e.runtime_s, 6),
-                "input_tokens": e.tokens[0] if e.tokens else None,
-                "output_tokens": e.tokens[1] if e.tokens else None,
-                "tokens_source": "network_proxy" if e.tokens else None,
-                "received_at": _iso(e.received_at),
-                "started": s["started"],
-                "finished": s["finished"],
-                "release": s["release"],
-                "official_episode_counts": bool(s["official_episode_counts"]),
-                "runner_kind": s["runner_kind"],
-                "run_id": s["run_id"],
-                "ciphertext_sha256": s["ciphertext_sha256"],
-                "merkle_root": s["merkle_root"],
-                **states,
-                "judged_by": judged_by,
-                "task_finals": dict(sorted(e.finals.items())),
-                "task_judgements": dict(judgements),
-            }
-            out.append(row)
+            out.append(
+                {
+                    "submission_id": e.id,
+                    "url": e.href,
+                    "agent": e.agent,
+                    "model": e.model,
+                    "effort": e.effort,
+                    "level": e.level,
+                    "revoked": e.revoked,
+                    "rank_overall": ranks.get("overall"),
+                    "score_overall": scores["overall"],
+                    "lower_overall": low_overall,
+                    "upper_overall": high_overall,
+                    "rank_reproduction": ranks.get("reproduction"),
+                    "score_reproduction": scores["reproduction"],
+                    "lower_reproduction": low_reproduction,
+                    "upper_reproduction": high_reproduction,
+                    "rank_open": ranks.get("open"),
+                    "score_open": scores["open"],
+                    "lower_open": low_open,
+                    "upper_open": high_open,
+                    "macro_mean": s["macro_mean"],
+                    "pass_rate": rates["overall"],
+                    "pass_rate_reproduction": rates["reproduction"],
+                    "pass_rate_open": rates["open"],
+                    "covered": covered,
+                    "required": required,
+                    "coverage_complete": bool(s["coverage_complete"]),
+                    "missing": list(s["missing"] or []),
+                    "runtime_s": None if e.runtime_s is None else round(e.runtime_s, 6),
+                    "input_tokens": tokens[0] if tokens else None,
+                    "output_tokens": tokens[1] if tokens else None,
+                    "tokens_source": "network_proxy" if tokens else None,
+                    "received_at": _iso(e.received_at),
+                    "started": s["started"],
+                    "finished": s["finished"],
+                    "release": s["release"],
+                    "official_episode_counts": bool(s["official_episode_counts"]),
+                    "runner_kind": s["runner_kind"],
+                    "run_id": s["run_id"],
+                    "ciphertext_sha256": s["ciphertext_sha256"],
+                    "merkle_root": s["merkle_root"],
+                    "judged_faithful": states["judged_faithful"],
+                    "judged_unfaithful": states["judged_unfaithful"],
+                    "unjudged": states["unjudged"],
+                    "judging_pending": states["judging_pending"],
+                    "judged_by": judged_by,
+                    "task_finals": dict(sorted(e.finals.items())),
+                    "task_judgements": dict(judgements),
+                }
+            )
         return out
 
     def _exports(self, entries: list[Entry], boards: dict[str, Board]) -> None:
@@ -1884,22 +1899,25 @@ def csv_record(values: Sequence[Any]) -> str:
     quoted when it holds a comma, a quote, a carriage return or a line feed, its quotes doubled; a
     number's or an empty cell never is. (The csv module looks up every character of every cell in
     the line terminator, one call each: several times the cost of a record joined here.)"""
-    cells = []
+    cells: list[str] = []
+    add = cells.append
     for value in values:
         kind = type(value)
         if kind is float:
-            cells.append(repr(value))  # as the csv module writes a float
+            add(repr(value))  # as the csv module writes a float
         elif kind is int:
-            cells.append(str(value))
+            add(str(value))
         elif value is None:
-            cells.append("")
+            add("")
+        elif kind is bool:
+            add("true" if value else "false")
         else:
-            text = value if kind is str else _csv_cell(value)
+            text = value if kind is str else ";".join(map(str, value)) if kind is list else _csv_cell(value)
             if '"' in text:
                 text = '"' + text.replace('"', '""') + '"'
             elif "," in text or "\n" in text or "\r" in text:
                 text = '"' + text + '"'
-            cells.append(text)
+            add(text)
     return ",".join(cells) + "\r\n"
 
 
