@@ -1058,6 +1058,50 @@ def test_warmed_templates_are_not_loaded_or_parsed_again(tmp_path: Path, monkeyp
     assert (tmp_path / "out" / "tasks" / "index.html").read_text().startswith("<!DOCTYPE html>")
 
 
+def test_each_template_is_parsed_once_and_the_shards_compile_none_of_the_submission_pages(
+    sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A template was parsed twice in a process (for its digest, then to compile it), and every
+    shard worker parsed and compiled the submission page's templates again: a third of a 1,000-row
+    export's instructions beyond one process's were that. Now the digest's parse is compiled
+    (export._CompiledTemplates) and the exporting process sends the code it compiled with the
+    ranks: no process parses a template twice, and submission.html is parsed once in all."""
+    log = tmp_path / "parses"
+    parse = jinja2.Environment._parse
+
+    def logged(env: jinja2.Environment, source: str, name: str | None, filename: str | None) -> Any:
+        with log.open("a") as out:  # appended by every process (the forked workers inherit this)
+            out.write(f"{os.getpid()} {name}\n")
+        return parse(env, source, name, filename)
+
+    monkeypatch.setattr(jinja2.Environment, "_parse", logged)
+    site = _export(sharded, tmp_path / "site", jobs=2)
+    parses = [tuple(line.split()) for line in log.read_text().splitlines()]
+    assert len(parses) == len(set(parses)), parses  # none twice in one process
+    assert [name for _, name in parses].count("submission.html") == 1
+    assert len({pid for pid, _ in parses}) == 2  # the exporting process, the shard that renders the docs
+    one = _export(sharded, tmp_path / "one", jobs=1)
+    assert _tree(site) == _tree(one)
+
+
+def test_the_compiled_templates_are_checked_against_their_source(tmp_path: Path) -> None:
+    """Code another process compiled is used only for the source it was compiled from (Jinja's
+    bucket checksum): a template whose source differs is compiled from its own."""
+    maker = export.Site(tmp_path / "a", docs_dir=None, page_size=10, top_n=3)
+    maker.warm(("tasks.html",))
+    made = maker.templates_made(("tasks.html",))
+    stale = {key: ("0" * 40, code) for key, (_, code) in made[2].items()}
+    site = export.Site(tmp_path / "b", docs_dir=None, page_size=10, top_n=3)
+    site.use_templates((made[0], made[1], stale))
+    assert site.env.get_template("tasks.html").render(
+        {**site.env.globals, "root": "../", "page": "index.html", "assets": site.assets, "title": "Tasks",
+         "section": "tasks", "site": {"version": "v", "release": "r", "export_doc": False}, "tasks": []}
+    ).startswith("<!DOCTYPE html>")  # fmt: skip
+    compiled = site.env.bytecode_cache
+    assert isinstance(compiled, export._CompiledTemplates)
+    assert all(checksum != "0" * 40 for checksum, _ in compiled.codes.values() if checksum)  # its own code
+
+
 def test_shard_workers_that_sent_their_pages_end_on_their_own_while_the_manifest_is_written(
     sharded: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import marshal
 import math
 import multiprocessing
 import os
@@ -48,6 +49,7 @@ from typing import Any, cast
 
 import attrs
 import jinja2
+import jinja2.bccache
 import jinja2.compiler
 import jinja2.filters
 import jinja2.meta
@@ -965,6 +967,48 @@ class _CodeGenerator(jinja2.compiler.CodeGenerator):
         self.write(post)
 
 
+class _CompiledTemplates(jinja2.BytecodeCache):
+    """The export's templates, each parsed and compiled once, in the exporting process and its
+    workers together. Jinja's loader asks this cache for a template's code (by the template's name
+    and the SHA-1 of its source, Jinja's bucket) before it compiles one, and gives it what it
+    compiled. A template parsed for its digest (:meth:`Site.template_digest`) is compiled from that
+    parse, not parsed again; and the exporting process sends the code it compiled to its workers
+    (:meth:`shared`, :meth:`add`: marshal, as Jinja's own bytecode caches keep code), which then
+    compile none of it. Nothing is written anywhere: a new export compiles them anew."""
+
+    def __init__(self) -> None:
+        self.codes: dict[str, tuple[str, Any]] = {}  # bucket key -> (source checksum, code object)
+        self.parsed: dict[str, tuple[str, jinja2.nodes.Template, str, str | None]] = {}  # ... (checksum, AST, ...)
+        self.env: jinja2.Environment | None = None
+
+    def parsed_as(self, name: str, filename: str | None, source: str, ast: jinja2.nodes.Template) -> None:
+        """``ast`` is ``source``'s parse (of template ``name`` at ``filename``): compile it from that."""
+        key, checksum = self.get_cache_key(name, filename), self.get_source_checksum(source)
+        if key not in self.codes:
+            self.parsed[key] = (checksum, ast, name, filename)
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        kept = self.codes.get(bucket.key)
+        if kept is None and (parse := self.parsed.pop(bucket.key, None)) is not None and parse[0] == bucket.checksum:
+            checksum, ast, name, filename = parse
+            kept = self.codes[bucket.key] = (checksum, bucket.environment.compile(ast, name, filename))
+        if kept is not None and kept[0] == bucket.checksum:
+            bucket.code = kept[1]
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        self.codes[bucket.key] = (bucket.checksum, bucket.code)
+
+    def shared(self) -> dict[str, tuple[str, bytes]]:
+        """The code compiled so far, to send to a worker (:meth:`add`)."""
+        return {key: (checksum, marshal.dumps(code)) for key, (checksum, code) in self.codes.items()}
+
+    def add(self, shared: dict[str, tuple[str, bytes]]) -> None:
+        """Another process's compiled code (:meth:`shared`), each checked against its source's
+        checksum when a template is loaded."""
+        for key, (checksum, code) in shared.items():
+            self.codes.setdefault(key, (checksum, marshal.loads(code)))
+
+
 class Site:
     """Renders the pages into a folder and keeps the file list for the manifest."""
 
@@ -1007,10 +1051,16 @@ class Site:
             lstrip_blocks=True,
             keep_trailing_newline=True,
             auto_reload=False,  # loaded once per export: no stat of the template per page
+            bytecode_cache=_CompiledTemplates(),  # each template parsed and compiled once
         )
         self.env.template_class = _Template
         self.env.code_generator_class = _CodeGenerator
         self.env.globals.update(levels=LEVEL_INFO, categories=CATEGORIES, dash=NO_VALUE)
+        self._template_digests: dict[str, bytes] = {}
+        self._closures: dict[str, tuple[str, ...]] = {}  # each digested template's (_closure)
+        #: each template's source and the templates it names (None: a name computed when rendered)
+        self._sources: dict[str, tuple[str, tuple[str | None, ...]]] = {}
+        self.template_digest("macros.html")  # parsed once: for the digests and the badges' macro
         # a level's badge, rendered once by its macro: every page shows several
         self.env.globals["badges"] = {
             level: self.env.get_template("macros.html").module.badge(level)  # type: ignore[attr-defined]
@@ -1037,10 +1087,6 @@ class Site:
                     self.docs[path.stem] = path
         self.markdown = Markdown(self._resolve)
         self.code_digest = _code_digest(self.release, self.specs)
-        self._template_digests: dict[str, bytes] = {}
-        self._closures: dict[str, tuple[str, ...]] = {}  # each digested template's (_closure)
-        #: each template's source and the templates it names (None: a name computed when rendered)
-        self._sources: dict[str, tuple[str, tuple[str | None, ...]]] = {}
 
     # files
 
@@ -1144,8 +1190,10 @@ class Site:
                 continue
             seen[current] = None
             if current not in self._sources:  # each template read and parsed once, whatever closures it is in
-                source, _, _ = loader.get_source(self.env, current)
-                self._sources[current] = (source, tuple(jinja2.meta.find_referenced_templates(self.env.parse(source))))
+                source, filename, _ = loader.get_source(self.env, current)
+                ast = self.env.parse(source, current, filename)
+                self._sources[current] = (source, tuple(jinja2.meta.find_referenced_templates(ast)))
+                self._compiled.parsed_as(current, filename, source, ast)  # compiled from this parse
             source, referenced = self._sources[current]
             h.update(f"{current} {len(source)}\n{source}".encode())
             for ref in referenced:
@@ -1162,6 +1210,27 @@ class Site:
             self.template_digest(name)
             for used in self._closures[name]:
                 self.env.get_template(used)
+
+    @property
+    def _compiled(self) -> _CompiledTemplates:
+        return cast(_CompiledTemplates, self.env.bytecode_cache)
+
+    def templates_made(self, names: Sequence[str]) -> tuple[Any, ...]:
+        """What this process made of the templates ``names`` (:meth:`warm` them first): their digests
+        and closures and every compiled template, for a worker forked before (:meth:`use_templates`)."""
+        return (
+            {name: self._template_digests[name] for name in names},
+            {name: self._closures[name] for name in names},
+            self._compiled.shared(),
+        )
+
+    def use_templates(self, made: tuple[Any, ...]) -> None:
+        """The exporting process's digests and compiled templates (:meth:`templates_made`): this
+        worker neither parses nor compiles them."""
+        digests, closures, compiled = made
+        self._template_digests.update(digests)
+        self._closures.update(closures)
+        self._compiled.add(compiled)
 
     def _reuse(self, rel: str, key: str) -> bool:
         """Link the previous export's ``rel`` when it was rendered from the inputs ``key``."""
@@ -1219,8 +1288,9 @@ class Site:
         keys = read_keys(database) if self.jobs > 1 else []
         shards = _Shards(self, database, keys) if len(keys) >= PARALLEL_FROM else None
         try:
-            if shards is not None:  # while they build the entries: what the forked page workers inherit
-                self.warm(("board.html", "task.html", "tasks.html"))
+            if shards is not None:  # while they build the entries: what the forked page workers inherit,
+                # and the submission page's template, which the shards are sent with the ranks
+                self.warm(("board.html", "task.html", "tasks.html", "submission.html"))
             rows = read_rows(database) if shards is None else None
             own = [] if rows is None else self.submissions(rows, 0, len(rows.rows))
             entries = shards.entries() if shards is not None else [sub.entry for sub in own]
@@ -1245,7 +1315,7 @@ class Site:
         entries.sort(key=_uploaded)
         boards, task_boards = rank_all(entries, [task.spec.ref for task in self.tasks.values()])
         if shards is not None:
-            shards.render()  # the workers render their submission pages meanwhile
+            shards.render(self.templates_made(("submission.html",)))  # the workers render their pages meanwhile
         for e in entries:  # before the page workers fork: each would digest the entries it shows
             e.fingerprint()
         self.board_site = self.chrome | {
@@ -1666,10 +1736,11 @@ class _Shards:
         self.parts = [self._receive(k, "entries") for k in range(len(self.conns))]
         return [e for part in self.parts for e in part]
 
-    def render(self) -> None:
-        """Send each worker its entries' ranks (set on the entries it sent)."""
+    def render(self, templates: tuple[Any, ...]) -> None:
+        """Send each worker its entries' ranks (set on the entries it sent) and the submission
+        page's template as this process compiled it (:meth:`Site.templates_made`)."""
         for conn, part in zip(self.conns, self.parts, strict=True):
-            conn.send([(e.ranks, e.task_ranks) for e in part])
+            conn.send((templates, [(e.ranks, e.task_ranks) for e in part]))
 
     def collect(self) -> None:
         """Add each worker's files, page digests and counts to the site's (the workers, done,
@@ -1712,10 +1783,11 @@ def _shard_main(conn: Connection, start: Key | None, stop: Key | None, docs: boo
         conn.send(("entries", [sub.entry for sub in part]))
         if docs:
             site._docs_pages()
-        site.warm(("submission.html",))  # while the exporting process ranks the entries
         site.prepare(part, conn.poll)  # while the exporting process ranks the entries
-        for sub, (ranks, task_ranks) in zip(part, conn.recv(), strict=True):
-            sub.entry.ranks, sub.entry.task_ranks = ranks, task_ranks
+        templates, ranks = conn.recv()
+        site.use_templates(templates)  # compiled by the exporting process meanwhile
+        for sub, (ranks_of, task_ranks) in zip(part, ranks, strict=True):
+            sub.entry.ranks, sub.entry.task_ranks = ranks_of, task_ranks
         for sub in part:
             site._submission(sub)
         conn.send(("pages", site._counts()))
