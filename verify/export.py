@@ -513,16 +513,17 @@ def rank_all(entries: Sequence[Entry], refs: Sequence[str]) -> tuple[dict[str, B
     tasks first; runs whose intervals cannot tell them apart share a rank), as ``GET
     /api/v1/leaderboard`` has them."""
     cats, tasks = _standings(entries, refs)
-    return _boards(cats, lambda e: e.ranks), _boards(tasks, lambda e: e.task_ranks)
+    return _boards(cats, tasks=False), _boards(tasks, tasks=True)
 
 
-def _boards(rows: dict[str, _Rows], ranks_of: Callable[[Entry], dict[str, int]]) -> dict[str, Board]:
-    """Each board of ``rows`` placed, and each entry's rank on it set (in ``ranks_of(entry)``)."""
+def _boards(rows: dict[str, _Rows], *, tasks: bool) -> dict[str, Board]:
+    """Each board of ``rows`` placed, and each entry's rank on it set (in its ``task_ranks`` for a
+    task's ranking, else its ``ranks``)."""
     boards: dict[str, Board] = {}
     for key, (standing, standings, unranked) in rows.items():
         ranked, ranks = _placed(standing, standings)
         for e, r in zip(ranked, ranks, strict=True):
-            ranks_of(e)[key] = r
+            (e.task_ranks if tasks else e.ranks)[key] = r
         boards[key] = (ranked, sorted(unranked, key=_uploaded))
     return boards
 
@@ -530,29 +531,32 @@ def _boards(rows: dict[str, _Rows], ranks_of: Callable[[Entry], dict[str, int]])
 def _standings(entries: Sequence[Entry], refs: Sequence[str]) -> tuple[dict[str, _Rows], dict[str, _Rows]]:
     """Each board's rows with a score (a category's score, a task's final), in the entries' order.
     A run without a stored interval counts as its score alone."""
-    Standing = ranking.Standing
+    Standing, new = ranking.Standing, tuple.__new__  # (a NamedTuple's own __new__ is Python)
     cats: dict[str, _Rows] = {category: ([], [], []) for category, *_ in CATEGORIES}
     tasks: dict[str, _Rows] = {ref: ([], [], []) for ref in refs}
     for e in entries:
+        revoked, at, ident = e.revoked, e.received_at, e.id
         for category, (standing, standings, unranked) in cats.items():
             value = e.scores[category]
             if value is None:
                 continue
-            if e.revoked:
+            if revoked:
                 unranked.append(e)
                 continue
             lower, upper = e.intervals[category] or (value, value)
+            covered, required = e.coverage[category]
             standing.append(e)
-            standings.append(Standing(value, lower, upper, ranking.complete(e.coverage[category]), e.received_at, e.id))
+            # (complete: ranking.complete of the coverage)
+            standings.append(new(Standing, (value, lower, upper, required > 0 and covered == required, at, ident)))
         for ref, value in e.finals.items():
             if (rows := tasks.get(ref)) is None:
                 continue  # not an installed task
-            if e.revoked:
+            if revoked:
                 rows[2].append(e)
                 continue
             lower, upper = e.task_intervals.get(ref) or (value, value)
             rows[0].append(e)
-            rows[1].append(Standing(value, lower, upper, True, e.received_at, e.id))
+            rows[1].append(new(Standing, (value, lower, upper, True, at, ident)))
     return cats, tasks
 
 

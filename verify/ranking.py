@@ -130,11 +130,13 @@ def place(standings: Sequence[Standing]) -> list[tuple[int, int]]:
     """``(index into standings, rank)`` for every row, in board order (the module docstring)."""
     ranks = [0] * len(standings)
     ahead = 0
+    above = bisect.bisect_right
     for group in (True, False):
         members = [i for i, s in enumerate(standings) if s.complete == group]
         lowers = sorted([standings[i].lower for i in members])
+        first = ahead + 1 + len(lowers)  # a rank is this less the lower bounds at most its upper bound
         for i in members:
-            ranks[i] = ahead + 1 + len(lowers) - bisect.bisect_right(lowers, standings[i].upper)
+            ranks[i] = first - above(lowers, standings[i].upper)
         ahead += len(members)
     keys = [(not s.complete, ranks[i], -s.score, s.received_at, s.ident) for i, s in enumerate(standings)]
     return [(i, ranks[i]) for i in sorted(range(len(standings)), key=keys.__getitem__)]
