@@ -13,7 +13,7 @@ import math
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import site_fixtures as sf
@@ -21,7 +21,8 @@ from fuzzing import FUZZ_EXAMPLES, fuzz_settings, hostile_json, json_paths, json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ale_verify import cli, export
+from ale import catalog
+from ale_verify import cli, export, judging, ranking
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +236,110 @@ def test_a_page_that_cannot_be_written_is_not_called_a_row_fault(
     monkeypatch.setattr(export.Site, "write", full)
     with pytest.raises(OSError, match="No space left"):
         export.export_site(base[0], tmp_path / "site", docs_dir=None, jobs=1)
+
+
+@pytest.mark.fuzz
+@given(data=st.data())
+@fuzz_settings
+def test_an_entry_is_what_it_was_for_any_summary(base: tuple[Path, str, dict[str, Any]], data: st.DataObject) -> None:
+    """build_submission counts each category's coverage, passed and official episodes in one pass
+    over the summary's tasks and reads its stored intervals once, where it called ranking's
+    functions a figure at a time: for a summary with any value at any place (a task of genre
+    "overall", a genre of no category, a task covered twice, intervals of another shape), the same
+    entry, member for member, or the same refusal."""
+    _, _, summary = base
+    for _ in range(data.draw(st.integers(1, 3))):
+        paths = [path for path in json_paths(summary, per_list=2) if path]  # (the whole summary: another test's)
+        if not paths:
+            break
+        genres = [path for path in paths if path[-1] == "genre"]  # what places a task in a category
+        path = data.draw(st.sampled_from(genres) if genres and data.draw(st.booleans()) else st.sampled_from(paths))
+        value = data.draw(st.one_of(st.sampled_from(["overall", "open", "reproduction", None]), json_values))
+        summary = replaced(summary, path, value)
+    if isinstance(summary, dict) and data.draw(st.booleans()):
+        summary = {**summary, "pass_rate": None}  # the pass rates from the task records alone
+        for path in [path for path in json_paths(summary, per_list=2) if path[-1:] == ("passed",)]:
+            summary = replaced(summary, path, data.draw(st.integers(0, 20)))  # tasks that pass unequally
+    specs = {t.spec.ref: t.spec for t in catalog.tasks().values()}
+    row = {"id": "sub_x", "level": "validated", "received_at": 1.0, "summary": summary}
+    try:
+        then = _build_as_it_was(row, "0" * 64, specs=specs)
+    except Exception as exc:
+        with pytest.raises(type(exc)):
+            export.build_submission(row, "0" * 64, specs=specs)
+        return
+    now = export.build_submission(row, "0" * 64, specs=specs)
+    for name in export._ENTRY_MEMBERS:
+        assert getattr(now.entry, name) == getattr(then.entry, name), name
+    assert now.summary == then.summary
+
+
+def _build_as_it_was(row: dict[str, Any], digest: str, *, specs: dict[str, Any]) -> export.Submission:
+    """build_submission of commit 79a8fa3, as it was: a call per figure (ranking.coverage, summary_interval)."""
+    if not export._SAFE_ID.match(str(row["id"])):
+        raise export.ExportError(f"submission id {row['id']!r} cannot name a file")
+    s = export._NO_SUMMARY | row["summary"]
+    s["tasks"] = tasks = [export._NO_TASK | t for t in s["tasks"] or [] if isinstance(t, dict)]
+    agent = s["agent"] or {}
+    declared = agent.get("declared") or {}
+    covered = list(s["covered"] or [])
+    completed = {t["task"]: t for t in tasks if t["status"] == "completed" and t["final"] is not None}
+    scores: dict[str, float | None] = {}
+    pass_rates: dict[str, float | None] = {}
+    coverage: dict[str, tuple[int, int]] = {}
+    categories = s["categories"] or {}
+    genres = ranking.task_genres(s, covered + list(s["missing"] or []), specs)
+    for category, *_ in export.CATEGORIES:
+        scores[category] = export._number_or_none(categories.get(category), f"the {category} score")
+        episodes = passed = 0
+        for r in covered:
+            if r in completed and (category == "overall" or genres[r] == category):
+                episodes += int(completed[r]["episodes"] or 0)
+                passed += int(completed[r]["passed"] or 0)
+        pass_rates[category] = passed / episodes if episodes else None
+        coverage[category] = ranking.coverage(s, category, specs, genres)
+    if s.get("pass_rate") is not None:
+        pass_rates["overall"] = export._number_or_none(s["pass_rate"], "the pass rate")  # the verifier's own figure
+    started, finished = export._parse_time(s.get("started")), export._parse_time(s.get("finished"))
+    usage = s.get("usage") or {}
+    tokens = None
+    if s.get("network_proxy") is not None:
+        tokens = (int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0))
+    results: dict[str, dict[str, Any]] = {}
+    for t in tasks:
+        if type(t["task"]) is str and t["task"] not in results:  # a task's ranking names it by its ref
+            results[t["task"]] = {key: export._number_or_none(t[key], f"a task's {key}") for key in export.RESULT_KEYS}
+    entry = export.Entry(
+        id=row["id"],
+        digest=digest,
+        level=row["level"] or "self_reported",
+        received_at=float(row["received_at"]),
+        agent=str(agent.get("name") or "(unnamed agent)"),
+        model=None if declared.get("model") is None else str(declared["model"]),
+        effort=None if declared.get("effort") is None else str(declared["effort"]),
+        runtime_s=export._runtime_s(started, finished, s.get("active_s")),
+        tokens=tokens,
+        scores=scores,
+        pass_rates=pass_rates,
+        coverage=coverage,
+        # (a completed task's final is not None)
+        finals={
+            ref: float(cast(float, export._number_or_none(t["final"], "a task's final")))
+            for ref, t in completed.items()
+        },
+        judgements={ref: j for ref, j in sorted(judging.task_judgements(s).items()) if ref in completed},
+        intervals={
+            category: ranking.stored_bounds(ranking.summary_interval(s, category=category))
+            if scores[category] is not None
+            else None
+            for category, *_ in export.CATEGORIES
+        },
+        task_intervals={
+            ref: bounds
+            for ref in completed
+            if (bounds := ranking.stored_bounds(ranking.summary_interval(s, task=ref))) is not None
+        },
+        results=results,
+        facts={key: s.get(key) for key in export.EXPORT_FACTS} | {"runner_kind": (s.get("runner") or {}).get("kind")},
+    )
+    return export.Submission(entry, row, s)

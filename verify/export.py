@@ -439,21 +439,18 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
     agent = s["agent"] or {}
     declared = agent.get("declared") or {}
     covered = list(s["covered"] or [])
+    required = covered + list(s["missing"] or [])
     completed = {t["task"]: t for t in tasks if t["status"] == "completed" and t["final"] is not None}
+    categories = s["categories"] or {}
+    genres = ranking.task_genres(s, required, specs)
+    count = _category_counts(covered, required, completed, genres)
     scores: dict[str, float | None] = {}
     pass_rates: dict[str, float | None] = {}
     coverage: dict[str, tuple[int, int]] = {}
-    categories = s["categories"] or {}
-    genres = ranking.task_genres(s, covered + list(s["missing"] or []), specs)
-    for category, *_ in CATEGORIES:
+    for category, (n_covered, n_required, episodes, passed) in count.items():
         scores[category] = _number_or_none(categories.get(category), f"the {category} score")
-        episodes = passed = 0
-        for r in covered:
-            if r in completed and (category == "overall" or genres[r] == category):
-                episodes += int(completed[r]["episodes"] or 0)
-                passed += int(completed[r]["passed"] or 0)
         pass_rates[category] = passed / episodes if episodes else None
-        coverage[category] = ranking.coverage(s, category, specs, genres)
+        coverage[category] = (n_covered, n_required)
     if s.get("pass_rate") is not None:
         pass_rates["overall"] = _number_or_none(s["pass_rate"], "the pass rate")  # the verifier's own figure
     started, finished = _parse_time(s.get("started")), _parse_time(s.get("finished"))
@@ -465,6 +462,12 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
     for t in tasks:
         if type(t["task"]) is str and t["task"] not in results:  # a task's ranking names it by its ref
             results[t["task"]] = {key: _number_or_none(t[key], f"a task's {key}") for key in RESULT_KEYS}
+    stored = s["intervals"]  # ranking.summary_interval's reading of it, once
+    by_category = stored.get("categories") if ranking._mapping(stored) else None
+    by_category = by_category if ranking._mapping(by_category) else {}
+    by_task = stored.get("tasks") if ranking._mapping(stored) else None
+    by_task = by_task if ranking._mapping(by_task) else {}
+    stored_bounds = ranking.stored_bounds
     entry = Entry(
         id=row["id"],
         digest=digest,
@@ -480,22 +483,42 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
         coverage=coverage,
         # (a completed task's final is not None)
         finals={ref: float(cast(float, _number_or_none(t["final"], "a task's final"))) for ref, t in completed.items()},
-        judgements={ref: j for ref, j in sorted(judging.task_judgements(s).items()) if ref in completed},
+        judgements={ref: j for ref, j in judging.task_judgements(s).items() if ref in completed},  # (sorted)
         intervals={
-            category: ranking.stored_bounds(ranking.summary_interval(s, category=category))
-            if scores[category] is not None
-            else None
-            for category, *_ in CATEGORIES
+            category: stored_bounds(by_category.get(category)) if scores[category] is not None else None
+            for category in count
         },
-        task_intervals={
-            ref: bounds
-            for ref in completed
-            if (bounds := ranking.stored_bounds(ranking.summary_interval(s, task=ref))) is not None
-        },
+        task_intervals={ref: bounds for ref in completed if (bounds := stored_bounds(by_task.get(ref))) is not None},
         results=results,
         facts={key: s.get(key) for key in EXPORT_FACTS} | {"runner_kind": (s.get("runner") or {}).get("kind")},
     )
     return Submission(entry, row, s)
+
+
+def _category_counts(
+    covered: list[Any], required: list[Any], completed: dict[Any, dict[str, Any]], genres: dict[Any, str | None]
+) -> dict[str, list[int]]:
+    """Each category's covered and required tasks (ranking.coverage), and the official episodes and
+    passed ones of its covered completed tasks, counted in one pass over the tasks."""
+    count = {category: [0, 0, 0, 0] for category, *_ in CATEGORIES}  # covered, required, episodes, passed
+    overall = count["overall"]
+    by_genre: dict[str | None, list[int]] = {category: c for category, c in count.items() if category != "overall"}
+    for r in required:
+        if (genre := genres[r]) in by_genre:
+            by_genre[genre][1] += 1
+    for r in covered:
+        in_genre = by_genre.get(genres[r])  # (None: a genre of no category)
+        if in_genre is not None:
+            in_genre[0] += 1
+        if (t := completed.get(r)) is not None:
+            episodes, passed = int(t["episodes"] or 0), int(t["passed"] or 0)
+            overall[2] += episodes
+            overall[3] += passed
+            if in_genre is not None:
+                in_genre[2] += episodes
+                in_genre[3] += passed
+    overall[0], overall[1] = len(covered), len(required)
+    return count
 
 
 #: a board: its ranked rows in board order and its revoked rows (unranked, by upload time)
