@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import sqlite3
+import struct
 import subprocess
 import time
 import urllib.error
@@ -1239,3 +1240,23 @@ def test_the_exports_received_at_is_what_strftime_writes(epoch: float) -> None:
     """``received_at`` in the CSV/JSON exports: RFC 3339 with microseconds, from isoformat, the same
     text as strftime's for every moment from year 1 to 9999 (microseconds of 0 included)."""
     assert export._iso(epoch) == datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@pytest.mark.fuzz
+@given(
+    values=st.lists(
+        st.one_of(
+            st.floats(),
+            st.floats(min_value=1e-6, max_value=1e18),
+            st.floats(min_value=0, max_value=2),
+            st.integers(0, 2**64 - 1).map(lambda bits: struct.unpack("d", struct.pack("Q", bits))[0]),
+            st.sampled_from([0.0, -0.0, 1e-4, 9.999999999999999e-05, 1e16, 9999999999999998.0, 1.0, 5e-05, 0.1]),
+        ),
+        max_size=20,
+    )
+)
+@fuzz_settings
+def test_float_reprs_writes_what_repr_writes(values: list[float]) -> None:
+    """The CSV's floats are orjson's text where it is repr's (positional, 1e-4 to 1e16), repr's
+    elsewhere: every double (any bit pattern, NaN, infinities, -0.0, the range's edges) as repr."""
+    assert export.float_reprs(values) == [repr(v) for v in values]

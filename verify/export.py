@@ -2000,10 +2000,11 @@ def csv_record(values: Sequence[Any]) -> str:
     the line terminator, one call each: several times the cost of a record joined here.)"""
     cells: list[str] = []
     add = cells.append
+    floats = iter(float_reprs([v for v in values if type(v) is float]))
     for value in values:
         kind = type(value)
         if kind is float:
-            add(repr(value))  # as the csv module writes a float
+            add(next(floats))  # as the csv module writes a float: its repr
         elif kind is int:
             add(str(value))
         elif value is None:
@@ -2018,6 +2019,19 @@ def csv_record(values: Sequence[Any]) -> str:
                 text = '"' + text + '"'
             add(text)
     return ",".join(cells) + "\r\n"
+
+
+def float_reprs(values: list[float]) -> list[str]:
+    """``repr`` of each float, made by orjson where its text is repr's: both write the fewest
+    digits that read back as the same double, and between 1e-4 and 1e16 (and zero) both write them
+    in positional notation with at least one decimal, as Python's repr does; outside that range,
+    and for a NaN or an infinity (orjson writes ``null``), repr itself. One C call for a row's
+    floats: repr costs several times as much a float (a fuzz test holds it to repr)."""
+    texts = orjson.dumps(values).decode("ascii")[1:-1].split(",") if values else []
+    for i, (value, text) in enumerate(zip(values, texts, strict=True)):
+        if not (1e-4 <= abs(value) < 1e16 or value == 0.0) or "e" in text or "n" in text:
+            texts[i] = repr(value)
+    return texts
 
 
 def _csv_text(value: Any) -> str:
