@@ -1316,8 +1316,10 @@ class Site:
         shards = _Shards(self, database, keys) if len(keys) >= PARALLEL_FROM else None
         try:
             if shards is not None:  # while they build the entries: what the forked page workers inherit,
-                # and the submission page's template, which the shards are sent with the ranks
+                # the submission page's template, which the shards are sent with the ranks, and the
+                # docs (here, not in a shard: the shards' shares of the pages stay equal)
                 self.warm(("board.html", "task.html", "tasks.html", "submission.html"))
+                self._docs_pages()
             rows = read_rows(database) if shards is None else None
             own = [] if rows is None else self.submissions(rows, 0, len(rows.rows))
             entries = shards.entries() if shards is not None else [sub.entry for sub in own]
@@ -1722,11 +1724,11 @@ _SHARD: tuple[Site, db.Where] | None = None
 
 class _Shards:
     """Forked worker processes, one per contiguous part of the rows (inherited, never pickled).
-    Each builds its part's submissions and sends their entries (:meth:`entries`); the last one
-    then renders the docs; once sent its entries' ranks (:meth:`render`) each renders its
-    submission pages and sends back what the manifest needs (:meth:`collect`). So the decoding of
-    the rows, the submissions' pages and the links of their unchanged files are split between the
-    workers, and only entries and ranks cross between processes."""
+    Each builds its part's submissions and sends their entries (:meth:`entries`); once sent its
+    entries' ranks (:meth:`render`) each renders its submission pages and sends back what the
+    manifest needs (:meth:`collect`). So the decoding of the rows, the submissions' pages and the
+    links of their unchanged files are split between the workers, and only entries, ranks and the
+    submission page's compiled template cross between processes."""
 
     def __init__(self, site: Site, database: db.Where, keys: list[Key]) -> None:
         self.site = site
@@ -1747,7 +1749,7 @@ class _Shards:
         try:
             for k, (start, stop) in enumerate(bounds):
                 ours, theirs = context.Pipe()
-                proc = context.Process(target=_shard_main, args=(theirs, start, stop, k == jobs - 1), daemon=True)
+                proc = context.Process(target=_shard_main, args=(theirs, start, stop), daemon=True)
                 proc.start()
                 theirs.close()
                 self.procs.append(proc)
@@ -1798,7 +1800,7 @@ class _Shards:
             conn.close()
 
 
-def _shard_main(conn: Connection, start: Key | None, stop: Key | None, docs: bool) -> None:
+def _shard_main(conn: Connection, start: Key | None, stop: Key | None) -> None:
     """A shard worker (:class:`_Shards`): errors are sent, not printed."""
     assert _SHARD is not None, "a worker forked by _Shards"
     site, database = _SHARD
@@ -1808,8 +1810,6 @@ def _shard_main(conn: Connection, start: Key | None, stop: Key | None, docs: boo
         part = site.submissions(rows, 0, len(rows.rows))
         del rows  # the rows as read (their JSON text): its memory is the pages' now
         conn.send(("entries", [sub.entry for sub in part]))
-        if docs:
-            site._docs_pages()
         site.prepare(part, conn.poll)  # while the exporting process ranks the entries
         templates, ranks = conn.recv()
         site.use_templates(templates)  # compiled by the exporting process meanwhile
