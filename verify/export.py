@@ -1747,7 +1747,7 @@ class _Shards:
         global _SHARD
         _SHARD = (site, database)
         try:
-            for k, (start, stop) in enumerate(bounds):
+            for start, stop in bounds:
                 ours, theirs = context.Pipe()
                 proc = context.Process(target=_shard_main, args=(theirs, start, stop), daemon=True)
                 proc.start()
