@@ -462,11 +462,7 @@ def build_submission(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
     for t in tasks:
         if type(t["task"]) is str and t["task"] not in results:  # a task's ranking names it by its ref
             results[t["task"]] = {key: _number_or_none(t[key], f"a task's {key}") for key in RESULT_KEYS}
-    stored = s["intervals"]  # ranking.summary_interval's reading of it, once
-    by_category = stored.get("categories") if ranking._mapping(stored) else None
-    by_category = by_category if ranking._mapping(by_category) else {}
-    by_task = stored.get("tasks") if ranking._mapping(stored) else None
-    by_task = by_task if ranking._mapping(by_task) else {}
+    by_category, by_task = ranking.stored_intervals(s)  # (summary_interval's reading, once)
     stored_bounds = ranking.stored_bounds
     entry = Entry(
         id=row["id"],
@@ -743,7 +739,7 @@ def top_chart(rows: Sequence[Entry], category: str, by: str, *, n: int, cap: flo
                     "ci": ci,  # the score's 95% interval: a line across the bar's end
                 }
             )
-        sub = " · ".join(x for x in (e.model, e.effort) if x) or "model not declared"  # (clipped, as text)
+        sub = " · ".join(x for x in (e.model, e.effort) if x) or "model not declared"  # text: _clip_html escapes it
         bars.append(
             {
                 "entry": e,

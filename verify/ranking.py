@@ -80,11 +80,18 @@ def complete(covered_required: tuple[int, int]) -> bool:
 def summary_interval(summary: Mapping[str, Any], *, category: str | None = None, task: str | None = None) -> Any:
     """The stored 95% interval (``{"lower", "upper"}``) of a category's score or of a task's final
     in a submission's summary, or None (an older row, or nothing there)."""
+    by_category, by_task = stored_intervals(summary)
+    return by_category.get(category) if task is None else by_task.get(task)
+
+
+def stored_intervals(summary: Mapping[str, Any]) -> tuple[Mapping[Any, Any], Mapping[Any, Any]]:
+    """A summary's stored intervals by category and by task (each empty where there is none), as
+    :func:`summary_interval` reads them: for a caller that reads several, read once."""
     intervals = summary.get("intervals")
     if not _mapping(intervals):
-        return None
-    where = intervals.get("categories") if task is None else intervals.get("tasks")
-    return where.get(category if task is None else task) if _mapping(where) else None
+        return {}, {}
+    by_category, by_task = intervals.get("categories"), intervals.get("tasks")
+    return (by_category if _mapping(by_category) else {}), (by_task if _mapping(by_task) else {})
 
 
 def stored_bounds(interval: Any) -> tuple[float, float] | None:
