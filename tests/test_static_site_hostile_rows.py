@@ -329,7 +329,7 @@ def _build_as_it_was(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
         },
         judgements={ref: j for ref, j in sorted(judging.task_judgements(s).items()) if ref in completed},
         intervals={
-            category: ranking.stored_bounds(ranking.summary_interval(s, category=category))
+            category: ranking.stored_bounds(_summary_interval_as_it_was(s, category=category))
             if scores[category] is not None
             else None
             for category, *_ in export.CATEGORIES
@@ -337,9 +337,20 @@ def _build_as_it_was(row: dict[str, Any], digest: str, *, specs: dict[str, Any])
         task_intervals={
             ref: bounds
             for ref in completed
-            if (bounds := ranking.stored_bounds(ranking.summary_interval(s, task=ref))) is not None
+            if (bounds := ranking.stored_bounds(_summary_interval_as_it_was(s, task=ref))) is not None
         },
         results=results,
         facts={key: s.get(key) for key in export.EXPORT_FACTS} | {"runner_kind": (s.get("runner") or {}).get("kind")},
     )
     return export.Submission(entry, row, s)
+
+
+def _summary_interval_as_it_was(
+    summary: dict[str, Any], *, category: str | None = None, task: str | None = None
+) -> Any:
+    """ranking.summary_interval of commit 79a8fa3, as it was (it now reads ranking.stored_intervals)."""
+    intervals = summary.get("intervals")
+    if not isinstance(intervals, dict):
+        return None
+    where = intervals.get("categories") if task is None else intervals.get("tasks")
+    return where.get(category if task is None else task) if isinstance(where, dict) else None
