@@ -563,10 +563,8 @@ def _standings(entries: Sequence[Entry], refs: Sequence[str]) -> tuple[dict[str,
                 unranked.append(e)
                 continue
             lower, upper = e.intervals[category] or (value, value)
-            covered, required = e.coverage[category]
             standing.append(e)
-            # (complete: ranking.complete of the coverage)
-            standings.append(new(Standing, (value, lower, upper, required > 0 and covered == required, at, ident)))
+            standings.append(new(Standing, (value, lower, upper, ranking.complete(e.coverage[category]), at, ident)))
         for ref, value in e.finals.items():
             if (rows := tasks.get(ref)) is None:
                 continue  # not an installed task
@@ -1002,7 +1000,6 @@ class _CompiledTemplates(jinja2.BytecodeCache):
     def __init__(self) -> None:
         self.codes: dict[str, tuple[str, Any]] = {}  # bucket key -> (source checksum, code object)
         self.parsed: dict[str, tuple[str, jinja2.nodes.Template, str, str | None]] = {}  # ... (checksum, AST, ...)
-        self.env: jinja2.Environment | None = None
 
     def parsed_as(self, name: str, filename: str | None, source: str, ast: jinja2.nodes.Template) -> None:
         """``ast`` is ``source``'s parse (of template ``name`` at ``filename``): compile it from that."""
@@ -1089,10 +1086,7 @@ class Site:
             level: self.env.get_template("macros.html").module.badge(level)  # type: ignore[attr-defined]
             for level in LEVEL_INFO
         }
-        self.env.filters.update(
-            score=fmt_score, ci=fmt_ci, rate=fmt_rate, value=fmt_value, duration=fmt_duration, tokens=fmt_tokens,
-            int=fmt_int, date=fmt_date, datetime=fmt_datetime,
-        )  # fmt: skip
+        self.env.filters.update(ESCAPED_FILTERS)  # the number and date filters, each written unescaped
         self.assets = {
             "css": self._asset(root / "assets" / "style.css", "style"),
             "icon": self._asset(root / "assets" / "icon.svg", "icon"),
@@ -2005,10 +1999,8 @@ def csv_record(values: Sequence[Any]) -> str:
             add(str(value))
         elif value is None:
             add("")
-        elif kind is bool:
-            add("true" if value else "false")
         else:
-            text = value if kind is str else ";".join(map(str, value)) if kind is list else _csv_cell(value)
+            text = value if kind is str else _csv_cell(value)
             if '"' in text:
                 text = '"' + text.replace('"', '""') + '"'
             elif "," in text or "\n" in text or "\r" in text:
